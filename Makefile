@@ -1,0 +1,43 @@
+# Front door: `make demo` and `make test` install missing Debian packages, configure, build, run.
+BUILD ?= build
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+
+.PHONY: all deps configure build demo test bench asan tsan tidy format clean
+
+all: build
+
+deps:
+	@scripts/install-deps.sh
+
+configure: deps
+	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) >/dev/null
+
+build: configure
+	@cmake --build $(BUILD) -j $(JOBS)
+
+demo: build
+	@scripts/demo.sh $(BUILD)
+
+test: build
+	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+bench: build
+	@scripts/bench.sh $(BUILD)
+
+# Sanitizer builds, one command each (docs/development.md).
+asan:
+	@$(MAKE) --no-print-directory test BUILD=build-asan CMAKE_FLAGS="-DEXITSCOPE_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug"
+
+tsan:
+	@$(MAKE) --no-print-directory build BUILD=build-tsan CMAKE_FLAGS="-DEXITSCOPE_SANITIZE=thread -DCMAKE_BUILD_TYPE=RelWithDebInfo"
+	@cd build-tsan && ctest --output-on-failure -L concurrency
+
+tidy: configure
+	@run-clang-tidy -quiet -p $(BUILD) 'src/|include/' 2>/dev/null | grep -E 'warning:|error:' || echo "clang-tidy: clean"
+
+format:
+	@git ls-files '*.cc' '*.h' '*.c' | xargs clang-format -i
+
+clean:
+	rm -rf build build-asan build-tsan

@@ -1,0 +1,12 @@
+// cli/commands.h: the `exitscope` subcommands. Each takes argv with argv[0] naming the
+// subcommand ("exitscope run"), parses its own flags with CLI11 and returns the process exit
+// status: 0 success, 1 runtime failure, 2 bad usage or bad input (one line on stderr).
+#pragma once
+
+namespace exitscope::cli {
+
+int RunMain(int argc, char** argv);      // cmd_run.cc: the reference VMM
+int InspectMain(int argc, char** argv);  // cmd_inspect.cc: summarise a recorder dump
+int KvmMain(int argc, char** argv);      // cmd_kvm.cc: kernel-side analysis (record|report|live)
+
+}  // namespace exitscope::cli

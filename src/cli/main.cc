@@ -1,0 +1,81 @@
+// The `exitscope` command: dispatches to one subcommand per layer above the library.
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+
+namespace {
+
+struct Command {
+  const char* name;
+  const char* summary;
+  int (*main)(int, char**);
+};
+
+constexpr Command kCommands[] = {
+    {"run", "boot a guest on /dev/kvm in the reference VMM, instrumented; print the report",
+     exitscope::cli::RunMain},
+    {"inspect", "summarise a recorder dump: exits per kind/device/register, slow exits, stalls",
+     exitscope::cli::InspectMain},
+    {"kvm", "kernel-side exit analysis from KVM tracepoints (record | report | live)",
+     exitscope::cli::KvmMain},
+};
+
+void Usage(FILE* out) {
+  std::fprintf(out,
+               "exitscope: what was the VMM doing instead of running the vCPU?\n\n"
+               "usage: exitscope <command> [options]\n"
+               "       exitscope help <command>\n\ncommands:\n");
+  for (const auto& c : kCommands) std::fprintf(out, "  %-9s %s\n", c.name, c.summary);
+  std::fprintf(out, "\nexit status: 0 success, 1 runtime failure, 2 bad usage or bad input\n");
+}
+
+const Command* Find(const char* name) {
+  for (const auto& c : kCommands)
+    if (std::strcmp(c.name, name) == 0) return &c;
+  return nullptr;
+}
+
+// Calls `cmd` with argv[0] = "exitscope <name>" followed by args.
+int Dispatch(const Command& cmd, int argc, char** argv) {
+  std::string self = std::string("exitscope ") + cmd.name;
+  std::vector<char*> args;
+  args.push_back(self.data());
+  for (int i = 0; i < argc; ++i) args.push_back(argv[i]);
+  return cmd.main(static_cast<int>(args.size()), args.data());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help")) {
+    Usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  if (!std::strcmp(argv[1], "--version") || !std::strcmp(argv[1], "version")) {
+    std::printf("exitscope %s\n", EXITSCOPE_VERSION);
+    return 0;
+  }
+  if (!std::strcmp(argv[1], "help")) {
+    if (argc < 3) {
+      Usage(stdout);
+      return 0;
+    }
+    const Command* c = Find(argv[2]);
+    if (!c) {
+      std::fprintf(stderr, "exitscope: unknown command '%s' (see exitscope --help)\n", argv[2]);
+      return 2;
+    }
+    char help[] = "--help";
+    char* hargv[] = {help};
+    return Dispatch(*c, 1, hargv);
+  }
+  const Command* c = Find(argv[1]);
+  if (!c) {
+    std::fprintf(stderr, "exitscope: unknown command '%s' (see exitscope --help)\n", argv[1]);
+    return 2;
+  }
+  return Dispatch(*c, argc - 2, argv + 2);
+}

@@ -1,0 +1,103 @@
+// sources/event.h: the one event model every source produces and every analysis consumes.
+//
+// A source (recorder dump, tracefs raw buffers, trace-cmd .dat, ftrace / perf-script text)
+// calls an EventSink once per event. Events are passed by const reference and live only for
+// the call: sinks copy what they keep. String fields are views into storage the source owns
+// and keeps alive until the source is destroyed (interned names), so no event costs a heap
+// allocation. Timestamps are nanoseconds on the capture's clock, named by Capture::clock.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace exitscope {
+
+// Which decode table a kvm_exit record uses (the `isa` field of the tracepoint).
+enum class Isa : uint8_t { kUnknown = 0, kVmx = 1, kSvm = 2, kPvm = 3 };
+
+// What the sub-key of an exit is: a port, a guest-physical MMIO address, an MSR index or a
+// hypercall number.
+enum class SubKeyKind : uint8_t { kNone = 0, kPort, kMmio, kMsr, kHypercall };
+
+enum class Direction : uint8_t { kNone = 0, kRead, kWrite };
+
+// One exit, paired: from leaving the guest to re-entering it.
+struct ExitEvent {
+  uint64_t start_ns = 0;
+  uint64_t duration_ns = 0;
+  uint32_t vcpu = 0;
+  uint32_t vm = 0;               // VM id: the VMM's pid for kernel traces
+  Isa isa = Isa::kUnknown;
+  std::string_view reason;       // "MMIO", "IO", "HLT", "HC_WRMSR", "EPT_VIOLATION", ...
+  SubKeyKind subkey_kind = SubKeyKind::kNone;
+  uint64_t subkey = 0;
+  uint8_t size = 0;              // access size in bytes, 0 when none
+  Direction dir = Direction::kNone;
+  bool userspace = false;        // the exit reached the VMM
+  std::string_view device;       // resolved device name, empty when unknown / unassigned
+  std::string_view reg;          // resolved register ("SQ1TDBL", "CC+2"), empty when none
+};
+
+enum class DeviceEventKind : uint8_t {
+  kIoSubmit = 0,
+  kIoComplete,
+  kQueueFull,
+  kBackendError,
+  kNote,
+};
+
+// A device-side event: an I/O submitted or completed (matched by io_id), a full queue, a
+// backend error, or a free-form note.
+struct DeviceEvent {
+  uint64_t time_ns = 0;
+  DeviceEventKind kind = DeviceEventKind::kNote;
+  std::string_view device;
+  uint64_t io_id = 0;
+  int64_t status = 0;            // completion status / errno for errors
+  std::string_view note;
+};
+
+enum class FindingKind : uint8_t {
+  kStuckExitBegin = 0,  // a vCPU has been in one exit longer than the threshold, still inside
+  kStuckExitEnd,        // that exit ended; duration_ns is its total
+  kAgedIo,              // an I/O has been in flight longer than the I/O threshold
+};
+
+// A watchdog finding.
+struct Finding {
+  uint64_t time_ns = 0;
+  FindingKind kind = FindingKind::kStuckExitBegin;
+  uint32_t vcpu = 0;
+  uint64_t duration_ns = 0;
+  std::string_view device;
+  std::string_view reg;
+  uint64_t io_id = 0;
+  std::string_view text;  // the human line as logged
+};
+
+// Receives a source's events in time order per vCPU (not necessarily globally).
+class EventSink {
+ public:
+  virtual ~EventSink() = default;
+  virtual void OnExit(const ExitEvent& e) = 0;
+  virtual void OnDeviceEvent(const DeviceEvent&) {}
+  virtual void OnFinding(const Finding&) {}
+};
+
+// What a source knows about the capture as a whole.
+struct Capture {
+  std::string clock;       // "x86-tsc", "CLOCK_MONOTONIC", "local", ...
+  uint64_t lost_events = 0;     // records the source knows were lost (overwritten, dropped)
+  uint64_t unpaired = 0;        // records that could not be paired into an exit
+};
+
+}  // namespace exitscope
+
+namespace exitscope {
+std::string_view ToString(Isa isa) noexcept;
+std::string_view ToString(SubKeyKind k) noexcept;
+std::string_view ToString(Direction d) noexcept;
+std::string_view ToString(DeviceEventKind k) noexcept;
+std::string_view ToString(FindingKind k) noexcept;
+}  // namespace exitscope

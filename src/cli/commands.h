@@ -7,6 +7,8 @@ namespace exitscope::cli {
 
 int RunMain(int argc, char** argv);      // cmd_run.cc: the reference VMM
 int InspectMain(int argc, char** argv);  // cmd_inspect.cc: summarise a recorder dump
-int KvmMain(int argc, char** argv);      // cmd_kvm.cc: kernel-side analysis (record|report|live)
+int KvmMain(int argc, char** argv);      // cmd_kvm.cc: kernel-side analysis; dispatches:
+int KvmRecordMain(int argc, char** argv);  // cmd_kvm_record.cc: `exitscope kvm record`
+int KvmLiveMain(int argc, char** argv);    // cmd_kvm_live.cc: `exitscope kvm live`
 
 }  // namespace exitscope::cli

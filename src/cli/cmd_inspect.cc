@@ -1,9 +1,77 @@
-// Placeholder until the owner of `exitscope inspect` lands it; replaced, never shipped.
+// `exitscope inspect DUMP`: the exit-health report of a recorder dump.
+#include <CLI/CLI.hpp>
+
 #include <cstdio>
+#include <string>
 
 #include "cli/commands.h"
+#include "exitscope/dump.h"
+#include "report/exit_health.h"
 
-int exitscope::cli::InspectMain(int, char**) {
-  std::fprintf(stderr, "exitscope inspect: not built yet\n");
-  return 1;
+namespace exitscope::cli {
+
+int InspectMain(int argc, char** argv) {
+  CLI::App app{
+      "Summarise a recorder dump (.esdump): exits per kind, device, register and vCPU with\n"
+      "count, total time, min, p50, p99, p99.9, max; the slow exits and watchdog findings in\n"
+      "time order (with the I/Os in flight at each finding); lost-record counters.",
+      argv[0]};
+  std::string path, format = "table";
+  int64_t vcpu = -1;
+  std::string device;
+  size_t rows = 20;
+  bool all = false;
+  app.add_option("DUMP", path, "dump file written by the recorder (WriteDump, signal, exitscope run)")
+      ->required();
+  app.add_option("--format", format, "output format")
+      ->check(CLI::IsMember({"table", "json"}))
+      ->capture_default_str();
+  app.add_option("--vcpu", vcpu, "only exits of this vCPU")->check(CLI::NonNegativeNumber);
+  app.add_option("--device", device, "only exits on this device (a name, or 'unassigned')");
+  app.add_option("--rows", rows, "rows per table in table format (0 = all)")->capture_default_str();
+  app.add_flag("--all", all, "list every row, slow exit and finding");
+  app.footer(
+      "Exit status: 0 ok, 1 the file could not be read, 2 bad usage or a corrupt/unsupported dump.\n"
+      "JSON schema: docs/inspect.md.");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+
+  auto dump = ReadDump(path);
+  if (!dump) {
+    std::fprintf(stderr, "exitscope inspect: %s\n", dump.error().message.c_str());
+    return dump.error().code == ErrorCode::kIo ? 1 : 2;
+  }
+  report::ExitHealthOptions o;
+  o.format = format == "json" ? report::OutputFormat::kJson : report::OutputFormat::kTable;
+  o.source = path;
+  o.max_rows = all ? 0 : rows;
+  o.max_notable = all ? 0 : 50;
+  if (vcpu >= 0) {
+    if (static_cast<uint64_t>(vcpu) >= dump->vcpus.size()) {
+      std::fprintf(stderr, "exitscope inspect: --vcpu %lld: the dump has %zu vCPUs (0..%zu)\n",
+                   static_cast<long long>(vcpu), dump->vcpus.size(),
+                   dump->vcpus.empty() ? 0 : dump->vcpus.size() - 1);
+      return 2;
+    }
+    o.filter.vcpu = static_cast<uint32_t>(vcpu);
+  }
+  if (!device.empty()) {
+    bool known = device == "unassigned";
+    for (const DeviceInfo& d : dump->devices) known = known || d.name == device;
+    if (!known) {
+      std::string names;
+      for (const DeviceInfo& d : dump->devices) names += (names.empty() ? "" : ", ") + d.name;
+      std::fprintf(stderr, "exitscope inspect: --device %s: no such device in %s (devices: %s)\n",
+                   device.c_str(), path.c_str(), names.empty() ? "none" : names.c_str());
+      return 2;
+    }
+    o.filter.device = device;
+  }
+  report::WriteExitHealthReport(*dump, o, stdout);
+  return 0;
 }
+
+}  // namespace exitscope::cli

@@ -1,9 +1,224 @@
-// Placeholder until the owner of `exitscope kvm` lands it; replaced, never shipped.
+// `exitscope kvm`: kernel-side exit analysis from KVM tracepoints.
+//
+//   exitscope kvm report -i FILE [--event vmexit|userspace|ioport|mmio|msr|hypercall]
+//                        [--vcpu N] [-p PID] [-k sample|time|max|min|avg|p50|p99|p999]
+//                        [--duration USEC] [--percentiles] [--per-vcpu] [--per-vm]
+//                        [--histogram] [--format table|json|csv] [--device-map FILE]
+//                        [--pvm-numbering upstream|fork] [--isa auto|vmx|svm|pvm]
+//                        [--tsc-mhz MHZ]
+//   exitscope kvm record ...   (cmd_kvm_record.cc)
+//   exitscope kvm live ...     (cmd_kvm_live.cc)
+//
+// FILE is a trace-cmd .dat (as `exitscope kvm record` writes), `trace-cmd report` text, an
+// ftrace `trace` file or `perf script` text; the format is detected from the content.
 #include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
 
+#include "CLI/CLI.hpp"
+#include "analysis/kvm_stats.h"
 #include "cli/commands.h"
+#include "fmt/format.h"
+#include "report/kvm_report.h"
+#include "sources/kvm_device_map.h"
+#include "sources/kvm_input.h"
+#include "sources/kvm_pairing.h"
 
-int exitscope::cli::KvmMain(int, char**) {
-  std::fprintf(stderr, "exitscope kvm: not built yet\n");
-  return 1;
+namespace exitscope::cli {
+namespace {
+
+constexpr size_t kMaxSlowExitsKept = 100000;  // JSON keeps the first ones; all are counted
+
+int Fail(const char* self, const Error& e) {
+  std::fprintf(stderr, "%s: %s\n", self, e.message.c_str());
+  switch (e.code) {
+    case ErrorCode::kInvalidArgument:
+    case ErrorCode::kCorrupt:
+    case ErrorCode::kUnsupported:
+    case ErrorCode::kNotFound:
+      return 2;
+    default:
+      return 1;
+  }
 }
+
+int Usage(const char* self, const std::string& what) {
+  std::fprintf(stderr, "%s: %s\n", self, what.c_str());
+  return 2;
+}
+
+void KvmUsage(FILE* out) {
+  std::fprintf(out,
+               "usage: exitscope kvm <report|record|live> [options]\n\n"
+               "  report  analyse a kvm trace file (-i FILE: trace-cmd .dat, trace-cmd report /\n"
+               "          ftrace text, perf script text) as perf kvm stat does, and more\n"
+               "  record  record kvm tracepoints from tracefs into a .dat file\n"
+               "  live    show the analysis live, refreshed every -d SECS\n\n"
+               "`exitscope kvm <command> --help` lists each command's options.\n");
+}
+
+int ReportMain(int argc, char** argv) {
+  const char* self = argv[0];
+  CLI::App app{"Analyse KVM exits from a kvm trace, as perf kvm stat report does, with "
+               "percentiles, histograms, device/register names and JSON/CSV output.",
+               "exitscope kvm report"};
+  std::string input, event = "vmexit", key = "sample", format = "table", device_map;
+  std::string pvm_numbering = "upstream", isa = "auto";
+  int64_t vcpu = -1, pid = -1;
+  double duration_us = 0, tsc_mhz = 0;
+  bool percentiles = false, per_vcpu = false, per_vm = false, histogram = false;
+  app.add_option("-i,--input", input,
+                 "trace file: trace-cmd .dat, trace-cmd report / ftrace text, perf script text")
+      ->required();
+  app.add_option("--event", event, "vmexit | userspace | ioport | mmio | msr | hypercall");
+  app.add_option("--vcpu", vcpu, "only this vCPU");
+  app.add_option("-p,--pid", pid, "only this VM (VMM process id) or vCPU thread id");
+  app.add_option("-k,--key", key, "sort rows by: sample | time | max | min | avg | p50 | p99 | p999");
+  app.add_option("--duration", duration_us,
+                 "print each exit that took at least USEC microseconds");
+  app.add_flag("--percentiles", percentiles, "add p50 / p99 / p99.9 columns");
+  app.add_flag("--per-vcpu", per_vcpu, "add one table per vCPU");
+  app.add_flag("--per-vm", per_vm, "add one table per VM");
+  app.add_flag("--histogram", histogram, "log-scale latency histogram per row");
+  app.add_option("--format", format, "table | json | csv");
+  app.add_option("--device-map", device_map,
+                 "resolve ports / MMIO addresses: a recorder dump of the VM or a device-map "
+                 "text file (docs/kvm.md)");
+  app.add_option("--pvm-numbering", pvm_numbering,
+                 "PVM exit reason numbering: upstream | fork (ERETS removed)");
+  app.add_option("--isa", isa,
+                 "text traces only: which table kvm_exit reasons use: auto | vmx | svm | pvm");
+  app.add_option("--tsc-mhz", tsc_mhz,
+                 "TSC frequency of the capture host, for x86-tsc timestamps (default: this "
+                 "host's)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::fputs(app.help().c_str(), stdout);
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    return Usage(self, e.what());
+  }
+
+  analysis::KvmAnalysisOptions aopts;
+  if (!analysis::ParseKvmEventClass(event, &aopts.event)) {
+    return Usage(self, fmt::format("--event: unknown event '{}' (vmexit, userspace, ioport, "
+                                   "mmio, msr, hypercall)",
+                                   event));
+  }
+  report::KvmRenderOptions ropts;
+  if (!analysis::ParseKvmSortKey(key, &ropts.sort)) {
+    return Usage(self, fmt::format("--key: unknown key '{}' (sample, time, max, min, avg, p50, "
+                                   "p99, p999)",
+                                   key));
+  }
+  if (format != "table" && format != "json" && format != "csv") {
+    return Usage(self, fmt::format("--format: '{}' is not table, json or csv", format));
+  }
+  sources::KvmPairerOptions popts;
+  if (pvm_numbering == "upstream") {
+    popts.pvm = sources::PvmNumbering::kUpstream;
+  } else if (pvm_numbering == "fork") {
+    popts.pvm = sources::PvmNumbering::kFork;
+  } else {
+    return Usage(self, fmt::format("--pvm-numbering: '{}' is not upstream or fork", pvm_numbering));
+  }
+  sources::KvmInputOptions iopts;
+  if (isa == "auto") iopts.text.isa = Isa::kUnknown;
+  else if (isa == "vmx") iopts.text.isa = Isa::kVmx;
+  else if (isa == "svm") iopts.text.isa = Isa::kSvm;
+  else if (isa == "pvm") iopts.text.isa = Isa::kPvm;
+  else return Usage(self, fmt::format("--isa: '{}' is not auto, vmx, svm or pvm", isa));
+  if (tsc_mhz < 0 || duration_us < 0) {
+    return Usage(self, tsc_mhz < 0 ? "--tsc-mhz: must be positive" : "--duration: must be >= 0");
+  }
+  iopts.tsc_khz = static_cast<uint64_t>(tsc_mhz * 1000.0 + 0.5);
+
+  std::unique_ptr<sources::KvmDeviceMap> devices;
+  if (!device_map.empty()) {
+    auto m = sources::KvmDeviceMap::Load(device_map);
+    if (!m) return Fail(self, Error{m.error().code == ErrorCode::kIo ? ErrorCode::kInvalidArgument
+                                                                    : m.error().code,
+                                    "--device-map " + m.error().message});
+    devices = std::move(*m);
+    popts.devices = devices.get();
+  }
+
+  auto in = sources::KvmInput::Open(input, iopts);
+  if (!in) return Fail(self, in.error());
+  popts.clock = (*in)->scale();
+
+  std::vector<report::KvmSlowExit> slow;
+  aopts.vcpu = vcpu;
+  aopts.pid = pid;
+  aopts.per_vcpu = per_vcpu;
+  aopts.per_vm = per_vm;
+  aopts.slow_ns = static_cast<uint64_t>(duration_us * 1000.0 + 0.5);
+  if (aopts.slow_ns != 0) {
+    aopts.on_slow = [&](const ExitEvent& e, std::string_view k) {
+      if (format == "table") {
+        std::printf("%s\n", report::FormatKvmSlowExit(e, k).c_str());
+      } else if (format == "csv") {
+        std::fprintf(stderr, "%s\n", report::FormatKvmSlowExit(e, k).c_str());
+      } else if (slow.size() < kMaxSlowExitsKept) {
+        slow.push_back({e.start_ns, e.duration_ns, e.vm, e.vcpu, e.tid, std::string(e.reason),
+                        std::string(k), std::string(e.device), std::string(e.reg)});
+      }
+    };
+  }
+  analysis::KvmAggregator agg(std::move(aopts));
+  sources::KvmPairer pairer(popts, &agg);
+  if (Status s = (*in)->ReadAll(&pairer); !s) return Fail(self, s.error());
+  agg.Finish();
+
+  report::KvmReportContext ctx;
+  ctx.input = input;
+  ctx.format = (*in)->format_name();
+  ctx.clock = (*in)->clock();
+  ctx.tsc_khz = (*in)->tsc_khz();
+  ctx.tsc_khz_from_host = (*in)->tsc_khz_from_host();
+  ctx.lost_at_record = (*in)->lost_at_record();
+  ctx.pairing = &pairer.stats();
+  ctx.pid = pid;
+  ctx.vcpu = vcpu;
+  ctx.slow_exits = &slow;
+  ropts.percentiles = percentiles;
+  ropts.histogram = histogram;
+  ropts.per_vcpu = per_vcpu;
+  ropts.per_vm = per_vm;
+  std::string out;
+  if (format == "json") out = report::RenderKvmJson(agg.analysis(), ctx, ropts);
+  else if (format == "csv") out = report::RenderKvmCsv(agg.analysis(), ctx, ropts);
+  else out = report::RenderKvmTable(agg.analysis(), ctx, ropts);
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  return std::fflush(stdout) == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int KvmMain(int argc, char** argv) {
+  const char* self = argc > 0 ? argv[0] : "exitscope kvm";
+  if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help") ||
+      !std::strcmp(argv[1], "help")) {
+    KvmUsage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string sub = argv[1];
+  int (*fn)(int, char**) = nullptr;
+  if (sub == "report") fn = ReportMain;
+  else if (sub == "record") fn = KvmRecordMain;
+  else if (sub == "live") fn = KvmLiveMain;
+  if (fn == nullptr) {
+    std::fprintf(stderr, "%s: unknown command '%s' (report, record, live)\n", self, sub.c_str());
+    return 2;
+  }
+  std::string name = std::string(self) + " " + sub;
+  std::vector<char*> args;
+  args.push_back(name.data());
+  for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
+  return fn(static_cast<int>(args.size()), args.data());
+}
+
+}  // namespace exitscope::cli

@@ -37,6 +37,13 @@ struct ExitEvent {
   bool userspace = false;        // the exit reached the VMM
   std::string_view device;       // resolved device name, empty when unknown / unassigned
   std::string_view reg;          // resolved register ("SQ1TDBL", "CC+2"), empty when none
+  // Set by kernel-side (kvm trace) sources; zero / empty elsewhere.
+  uint32_t tid = 0;              // host thread that ran the vCPU
+  uint64_t guest_rip = 0;        // guest RIP at the exit when known
+  uint64_t value = 0;            // value written / read (port, MMIO, MSR data) when known
+  std::string_view user_reason;  // KVM_EXIT_* name without prefix ("IO", "MMIO", "HLT") when
+                                 // the exit reached userspace
+  bool failed_vmentry = false;   // VMX exit_reason bit 31 / PVM FAILED_VMENTRY
 };
 
 enum class DeviceEventKind : uint8_t {

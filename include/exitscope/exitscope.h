@@ -1,0 +1,192 @@
+/* exitscope/exitscope.h: the C API of the exitscope flight recorder, for VMMs in C or Rust.
+ *
+ * A hermetic C11 header: opaque handles, plain structs, integer status codes; no C++ type
+ * and no exception crosses it. Every call that can fail returns an es_status (ES_OK == 0);
+ * es_last_error() then returns a one-line message for the calling thread.
+ *
+ *   es_options opts;
+ *   es_options_init(&opts);
+ *   opts.num_vcpus = 2;
+ *   es_recorder* rec;
+ *   if (es_recorder_create(&opts, &rec) != ES_OK) { fprintf(stderr, "%s\n", es_last_error()); }
+ *   uint32_t uart;
+ *   es_add_device(rec, "uart0", "uart16550", &uart);
+ *   es_add_range_builtin(rec, ES_SPACE_PIO, 0x3f8, 8, uart, "uart16550");
+ *   // vCPU loop, on KVM_EXIT_IO:
+ *   es_begin_exit(rec, vcpu, ES_EXIT_PIO, run->io.port, run->io.size, ES_DIR_WRITE, byte);
+ *   handle_io(...);
+ *   es_end_exit(rec, vcpu);
+ *   es_write_dump(rec, "vm.esdump", 0);
+ *   es_recorder_destroy(rec);
+ *
+ * Hot path: es_begin_exit / es_end_exit / es_end_exit_value are lock-free and allocation-free
+ * (one call into the library each). One thread per vCPU index may call them at a time.
+ * Everything else is thread-safe. Full guide: docs/capi.md.
+ */
+#ifndef EXITSCOPE_EXITSCOPE_H_
+#define EXITSCOPE_EXITSCOPE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__)
+#define ES_EXPORT __attribute__((visibility("default")))
+#else
+#define ES_EXPORT
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct es_recorder es_recorder;
+
+/* Status codes: 0 success, negative failure (values stable). */
+typedef enum es_status {
+  ES_OK = 0,
+  ES_EINVAL = -1,       /* bad argument or bad input */
+  ES_EEXIST = -2,       /* e.g. overlapping range, duplicate device name */
+  ES_ENOENT = -3,       /* not found */
+  ES_ECORRUPT = -4,     /* malformed or truncated file */
+  ES_EUNSUPPORTED = -5, /* e.g. a dump from a newer exitscope */
+  ES_EIO = -6,          /* read/write failure */
+  ES_EUNAVAILABLE = -7, /* facility missing */
+  ES_EPERM = -8,
+  ES_EINTERNAL = -9,
+  ES_ENOMEM = -10,
+} es_status;
+
+/* Values equal the C++ exitscope::ExitKind / AccessDir / IoSpace. */
+typedef enum es_exit_kind {
+  ES_EXIT_UNKNOWN = 0,
+  ES_EXIT_MMIO = 1,
+  ES_EXIT_PIO = 2,
+  ES_EXIT_HLT = 3,
+  ES_EXIT_SHUTDOWN = 4,
+  ES_EXIT_INTR = 5,
+  ES_EXIT_HYPERCALL = 6,
+  ES_EXIT_MSR = 7,
+  ES_EXIT_DEBUG = 8,
+  ES_EXIT_SYSTEM_EVENT = 9,
+  ES_EXIT_INTERNAL_ERROR = 10,
+  ES_EXIT_FAIL_ENTRY = 11,
+  ES_EXIT_OTHER = 12,
+} es_exit_kind;
+
+typedef enum es_dir { ES_DIR_NONE = 0, ES_DIR_READ = 1, ES_DIR_WRITE = 2 } es_dir;
+typedef enum es_space { ES_SPACE_MMIO = 0, ES_SPACE_PIO = 1 } es_space;
+
+#define ES_UNASSIGNED 0xffffffffu
+
+/* Creation options. Initialise with es_options_init, then change what you need. */
+typedef struct es_options {
+  uint32_t num_vcpus;           /* default 1 */
+  uint64_t events_per_vcpu;     /* ring capacity per vCPU, default 4096 */
+  uint64_t device_events;       /* device-event ring capacity, default 4096 */
+  uint64_t slow_exit_ns;        /* slow-exit threshold, default 20 ms */
+  uint64_t stuck_exit_ns;       /* watchdog: vCPU inside one exit this long, default 20 ms */
+  uint64_t io_age_ns;           /* watchdog: I/O in flight this long, default 20 s */
+  int start_watchdog;           /* default 1 */
+  int log_slow_exits;           /* log one line per slow exit / finding, default 1 */
+} es_options;
+
+/* A slow exit or a watchdog finding, passed to hooks. Strings valid during the call only. */
+typedef enum es_event_type {
+  ES_STUCK_EXIT = 0,     /* a vCPU has been inside one exit past the threshold (still inside) */
+  ES_STUCK_EXIT_END = 1, /* that exit ended; duration_ns is its total */
+  ES_AGED_IO = 2,        /* an I/O has been in flight past io_age_ns */
+  ES_SLOW_EXIT = 3,      /* an exit ended after at least slow_exit_ns */
+} es_event_type;
+
+typedef struct es_finding {
+  es_event_type type;
+  uint32_t vcpu;
+  es_exit_kind kind;
+  es_dir dir;
+  uint8_t size;
+  uint64_t addr;
+  uint64_t duration_ns;
+  uint64_t io_id;
+  const char* device;   /* "" when unassigned */
+  const char* reg;      /* "" when none */
+  const char* line;     /* the log line */
+} es_finding;
+
+typedef void (*es_finding_hook)(const es_finding* finding, void* user);
+
+typedef struct es_counters {
+  uint64_t exits_written;      /* records written into all vCPU rings */
+  uint64_t exits_overwritten;  /* oldest records overwritten (ring full) */
+  uint64_t exits_skipped;      /* torn records skipped by snapshots */
+  uint64_t device_events_written;
+  uint64_t device_events_overwritten;
+  uint64_t slow_exits;
+  uint64_t bad_vcpu;
+  uint64_t end_without_begin;
+  uint64_t begin_without_end;
+  uint64_t io_in_flight;
+} es_counters;
+
+ES_EXPORT const char* es_last_error(void);
+ES_EXPORT const char* es_status_name(es_status s);
+
+ES_EXPORT void es_options_init(es_options* opts);
+ES_EXPORT es_status es_recorder_create(const es_options* opts, es_recorder** out);
+ES_EXPORT void es_recorder_destroy(es_recorder* rec); /* NULL is a no-op */
+
+/* Address space. */
+ES_EXPORT es_status es_add_device(es_recorder* rec, const char* name, const char* kind,
+                                  uint32_t* out_index);
+/* Maps [base, base+size) of `space` to device; map_name: a builtin register map ("nvme",
+ * "uart16550", ...) or NULL for none. */
+ES_EXPORT es_status es_add_range_builtin(es_recorder* rec, es_space space, uint64_t base,
+                                         uint64_t size, uint32_t device, const char* map_name);
+/* Same with a register map loaded from a map file (docs/recorder.md has the format). */
+ES_EXPORT es_status es_add_range_file(es_recorder* rec, es_space space, uint64_t base,
+                                      uint64_t size, uint32_t device, const char* map_path);
+ES_EXPORT es_status es_remove_range(es_recorder* rec, es_space space, uint64_t base);
+/* Resolves an access to "device.REGISTER" (or "device+0xOFF", or "unassigned") into buf. */
+ES_EXPORT es_status es_resolve(const es_recorder* rec, es_space space, uint64_t addr,
+                               uint32_t size, es_dir dir, char* buf, size_t buf_len);
+
+/* Hot path. `value` is the guest's data for writes; es_end_exit_value records the data
+ * returned to the guest for reads. */
+ES_EXPORT void es_begin_exit(es_recorder* rec, uint32_t vcpu, es_exit_kind kind, uint64_t addr,
+                             uint8_t size, es_dir dir, uint64_t value);
+ES_EXPORT void es_end_exit(es_recorder* rec, uint32_t vcpu);
+ES_EXPORT void es_end_exit_value(es_recorder* rec, uint32_t vcpu, uint64_t value);
+
+/* Device events (any thread). */
+ES_EXPORT void es_io_submit(es_recorder* rec, uint32_t device, uint64_t io_id);
+ES_EXPORT void es_io_complete(es_recorder* rec, uint32_t device, uint64_t io_id, int64_t status);
+ES_EXPORT void es_queue_full(es_recorder* rec, uint32_t device, uint64_t queue);
+ES_EXPORT void es_backend_error(es_recorder* rec, uint32_t device, int64_t error,
+                                const char* note);
+ES_EXPORT void es_note(es_recorder* rec, uint32_t device, const char* text);
+
+/* Policy and watchdog. The hook runs on the vCPU thread (slow exits) or the watchdog thread. */
+ES_EXPORT es_status es_set_slow_exit_ns(es_recorder* rec, uint64_t threshold_ns);
+ES_EXPORT es_status es_set_finding_hook(es_recorder* rec, es_finding_hook hook, void* user);
+ES_EXPORT es_status es_watchdog_start(es_recorder* rec, uint64_t stuck_exit_ns,
+                                      uint64_t io_age_ns);
+ES_EXPORT void es_watchdog_stop(es_recorder* rec);
+
+/* Metadata carried in dumps. */
+ES_EXPORT es_status es_set_attribute(es_recorder* rec, const char* key, const char* value);
+ES_EXPORT es_status es_set_vcpu_counter(es_recorder* rec, uint32_t vcpu, const char* name,
+                                        uint64_t value);
+
+/* Dumps. include_guest_data != 0 writes the bytes guests wrote/read (off by default: dumps
+ * travel in support bundles). */
+ES_EXPORT es_status es_write_dump(const es_recorder* rec, const char* path,
+                                  int include_guest_data);
+ES_EXPORT es_status es_install_dump_signal(es_recorder* rec, int signo, const char* directory);
+ES_EXPORT es_status es_get_counters(const es_recorder* rec, es_counters* out);
+/* Validates a dump file: ES_OK, or ES_ECORRUPT / ES_EUNSUPPORTED / ES_EIO with a message. */
+ES_EXPORT es_status es_check_dump(const char* path);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* EXITSCOPE_EXITSCOPE_H_ */

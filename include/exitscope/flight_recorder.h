@@ -1,0 +1,107 @@
+// exitscope/flight_recorder.h: per-vCPU rings of ExitRecords, written without locks, read by
+// concurrent snapshots.
+//
+// Memory layout (one ExitRing per vCPU, all memory allocated at creation):
+//
+//   ExitRing
+//   +--------------+----------------------------------------------------------+
+//   | head (atomic)|  slot[0]  slot[1]  ...  slot[capacity-1]   (capacity=2^k)  |
+//   +--------------+----------------------------------------------------------+
+//   slot = { seq (atomic u64) | 7 payload words (atomic u64, relaxed) } = 64 bytes
+//
+// The vCPU thread is the only writer of its ring. Record n goes to slot n % capacity:
+//
+//   seq = 2n+1 (odd: being written)  ->  payload stores  ->  seq = 2n+2 (complete)  -> head = n+1
+//
+// A reader copies slot n's payload between two loads of seq and keeps the copy only if both
+// loads saw 2n+2 (a per-slot seqlock): anything else means the slot was being written or
+// already overwritten by record n + capacity, and the record is skipped and counted. The
+// writer never waits for readers, so readers never stall a vCPU; they can only lose records
+// that were overwritten under them, and that loss is counted, never silent.
+//
+// Counters: written (records ever written), overwritten (written - capacity when positive:
+// records the ring no longer holds), skipped (records a snapshot wanted but found torn or
+// overwritten while copying; summed over snapshots).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "exitscope/exit_record.h"
+#include "exitscope/status.h"
+
+namespace exitscope {
+
+struct RingCounters {
+  uint64_t capacity = 0;
+  uint64_t written = 0;
+  uint64_t overwritten = 0;
+  uint64_t skipped = 0;
+};
+
+class ExitRing {
+ public:
+  // `capacity` is rounded up to a power of two (minimum 2).
+  explicit ExitRing(uint64_t capacity);
+  ExitRing(const ExitRing&) = delete;
+  ExitRing& operator=(const ExitRing&) = delete;
+
+  // Appends one record. Single writer only (one thread per ring at a time). noexcept, no
+  // lock, no allocation, no syscall.
+  void Write(const ExitRecord& r) noexcept {
+    const uint64_t n = head_.load(std::memory_order_relaxed);
+    Slot& s = slots_[n & mask_];
+    s.seq.store(2 * n + 1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    uint64_t w[kWords];
+    std::memcpy(w, &r, sizeof(r));
+    for (int i = 0; i < kWords; ++i) s.words[i].store(w[i], std::memory_order_relaxed);
+    s.seq.store(2 * n + 2, std::memory_order_release);
+    head_.store(n + 1, std::memory_order_release);
+  }
+
+  // Copies the records currently held, oldest first, into `out` (appended). Consistent per
+  // record; safe concurrently with Write on another thread. Returns the number of records
+  // skipped (torn or overwritten while copying), also added to skipped().
+  uint64_t Snapshot(std::vector<ExitRecord>* out) const;
+
+  // Copies at most the `max` newest records (oldest first). Same guarantees as Snapshot.
+  uint64_t SnapshotNewest(uint64_t max, std::vector<ExitRecord>* out) const;
+
+  RingCounters counters() const noexcept;
+  uint64_t capacity() const noexcept { return mask_ + 1; }
+  uint64_t written() const noexcept { return head_.load(std::memory_order_acquire); }
+
+ private:
+  static constexpr int kWords = sizeof(ExitRecord) / sizeof(uint64_t);
+  struct alignas(64) Slot {
+    std::atomic<uint64_t> seq{0};
+    std::atomic<uint64_t> words[kWords];
+  };
+  static_assert(sizeof(ExitRecord) % sizeof(uint64_t) == 0);
+  static_assert(sizeof(Slot) == 64);
+
+  uint64_t mask_;
+  std::unique_ptr<Slot[]> slots_;
+  alignas(64) std::atomic<uint64_t> head_{0};
+  alignas(64) mutable std::atomic<uint64_t> skipped_{0};
+};
+
+// One ExitRing per vCPU, created up front.
+class FlightRecorder {
+ public:
+  FlightRecorder(uint32_t num_vcpus, uint64_t events_per_vcpu);
+
+  uint32_t num_vcpus() const noexcept { return static_cast<uint32_t>(rings_.size()); }
+  // Requires vcpu < num_vcpus().
+  ExitRing& ring(uint32_t vcpu) noexcept { return *rings_[vcpu]; }
+  const ExitRing& ring(uint32_t vcpu) const noexcept { return *rings_[vcpu]; }
+
+ private:
+  std::vector<std::unique_ptr<ExitRing>> rings_;
+};
+
+}  // namespace exitscope

@@ -1,0 +1,291 @@
+// exitscope/recorder.h: the facade a VMM embeds. One Recorder per VM.
+//
+// It owns the address space (devices, ranges, register maps), one flight-recorder ring per
+// vCPU, the device-event ring, the in-flight I/O table, the findings ring and the watchdog
+// thread, and produces snapshots and dump files.
+//
+//   auto rec = exitscope::Recorder::Create({.num_vcpus = 4, .events_per_vcpu = 8192});
+//   if (!rec) { fprintf(stderr, "%s\n", rec.error().message.c_str()); return 1; }
+//   exitscope::Recorder& r = **rec;
+//   uint32_t nvme = *r.address_space().AddDevice({.name = "nvme0", .kind = "nvme"});
+//   (void)r.address_space().AddRange(exitscope::IoSpace::kMmio, 0xfebf0000, 0x4000, nvme,
+//                                    *exitscope::RegisterMap::Builtin("nvme"));
+//   (void)r.InstallDumpSignal(SIGUSR1, "/var/tmp");
+//   // vCPU loop, on KVM_EXIT_MMIO:
+//   r.BeginExit(vcpu, exitscope::ExitKind::kMmio, run->mmio.phys_addr, run->mmio.len,
+//               run->mmio.is_write ? exitscope::AccessDir::kWrite : exitscope::AccessDir::kRead,
+//               value_written);
+//   HandleMmio(...);
+//   r.EndExit(vcpu, value_read);   // or EndExit(vcpu) to keep the begin value
+//
+// Hot path (BeginExit / EndExit / ExitScope): inline, noexcept, no lock, no allocation, no
+// syscall with the TSC clock. It bails out first on a bad vCPU index (counted). One thread per
+// vCPU index at a time (the vCPU thread) may call them. Everything else is thread-safe.
+//
+// Slow exits: when EndExit finds duration >= SlowExitPolicy::threshold_ns it leaves the hot
+// path (out of line): calls the hook, logs one line such as
+//   vCPU 4: exit MMIO write 4B to nvme0.SQ1TDBL (0xfebf1008) took 22.31 s
+// through the log sink (default: stderr) and adds a kSlowExit finding.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "exitscope/address_space.h"
+#include "exitscope/clock.h"
+#include "exitscope/device_events.h"
+#include "exitscope/dump.h"
+#include "exitscope/exit_record.h"
+#include "exitscope/flight_recorder.h"
+#include "exitscope/status.h"
+#include "exitscope/watchdog.h"
+
+namespace exitscope {
+
+// A slow exit, as passed to the SlowExitPolicy hook (on the vCPU thread, after the exit ended).
+struct SlowExit {
+  ExitRecord record;
+  uint64_t duration_ns = 0;
+  std::string device;  // "nvme0", "" when unassigned
+  std::string reg;     // "SQ1TDBL", "" when none
+  std::string line;    // the log line (without newline)
+};
+using SlowExitHook = std::function<void(const SlowExit&)>;
+
+struct SlowExitPolicy {
+  uint64_t threshold_ns = 20'000'000;  // 20 ms
+  SlowExitHook hook{};                 // optional
+  bool log = true;                     // log the line through the log sink
+};
+
+// Receives complete log lines without the trailing newline. Called from vCPU threads (slow
+// exits), the watchdog thread and the dump thread; must be thread-safe.
+using LogSink = std::function<void(std::string_view line)>;
+
+struct RecorderOptions {
+  uint32_t num_vcpus = 1;           // 1..4096
+  uint64_t events_per_vcpu = 4096;  // ring capacity, rounded up to a power of two (2..2^24)
+  uint64_t device_events = 4096;    // device-event ring capacity (power of two, 2..2^24)
+  uint32_t findings = 256;          // findings ring capacity (1..65536)
+  uint32_t inflight_ios = 1024;     // in-flight I/O table capacity (16..2^20)
+  ClockChoice clock = ClockChoice::kAuto;
+  SlowExitPolicy slow_exit{};
+  WatchdogOptions watchdog{};
+  bool start_watchdog = true;  // start the watchdog thread in Create
+};
+
+namespace internal {
+// Per-vCPU state, one cache line group per vCPU. `cur` is the exit in progress as 7 atomic
+// words (an ExitRecord; start_ticks == 0 means none), behind a seqlock (`seq` odd while the vCPU
+// thread writes) so the watchdog can read it while the vCPU is stuck inside the exit.
+struct alignas(64) VcpuSlot {
+  static constexpr int kWords = sizeof(ExitRecord) / sizeof(uint64_t);
+  std::atomic<uint64_t> seq{0};
+  std::atomic<uint64_t> cur[kWords];
+  std::atomic<uint64_t> exit_no{0};  // number of BeginExit calls so far (identifies a stall)
+  std::atomic<uint64_t> stalled{0};  // exit_no of the exit the watchdog reported as stuck
+  uint64_t begins = 0;               // vCPU thread only
+};
+}  // namespace internal
+
+class Recorder {
+ public:
+  // Validates options, allocates every ring, calibrates the clock, starts the watchdog if
+  // asked. kInvalidArgument names the bad option.
+  static Result<std::unique_ptr<Recorder>> Create(const RecorderOptions& options);
+  ~Recorder();  // stops the watchdog and the dump-signal thread
+  Recorder(const Recorder&) = delete;
+  Recorder& operator=(const Recorder&) = delete;
+
+  AddressSpace& address_space() noexcept { return space_; }
+  const AddressSpace& address_space() const noexcept { return space_; }
+  const Clock& clock() const noexcept { return clock_; }
+  uint32_t num_vcpus() const noexcept { return num_vcpus_; }
+
+  // ---- Hot path ------------------------------------------------------------------------
+  // Starts timing an exit of `vcpu`. For kMmio / kPio the address is resolved to device and
+  // register now. `value` is the guest's data for writes (kept only when dir == kWrite).
+  // A BeginExit while the previous exit has not ended records the previous one with
+  // kExitFlagNoEnd (counted as begin_without_end).
+  void BeginExit(uint32_t vcpu, ExitKind kind, uint64_t addr = 0, uint8_t size = 0,
+                 AccessDir dir = AccessDir::kNone, uint64_t value = 0) noexcept {
+    if (__builtin_expect(vcpu >= num_vcpus_, 0)) return CountBadVcpu();
+    internal::VcpuSlot& v = slots_[vcpu];
+    ExitRecord r;
+    r.start_ticks = clock_.Now();
+    r.addr = addr;
+    r.vcpu = vcpu;
+    r.kind = kind;
+    r.size = size;
+    r.dir = dir;
+    if (dir == AccessDir::kWrite) {
+      r.value = value;
+      r.flags = kExitFlagValue;
+    }
+    if (kind == ExitKind::kMmio || kind == ExitKind::kPio) {
+      const Resolution res =
+          space_.Lookup(kind == ExitKind::kPio ? IoSpace::kPio : IoSpace::kMmio, addr, size, dir);
+      r.device = res.device;
+      r.reg = res.reg.reg;
+      r.reg_element = res.reg.element;
+      r.reg_delta = res.reg.delta;
+    }
+    if (__builtin_expect(v.cur[0].load(std::memory_order_relaxed) != 0, 0))
+      BeginWithoutEnd(vcpu, r.start_ticks);
+    uint64_t w[internal::VcpuSlot::kWords];
+    __builtin_memcpy(w, &r, sizeof(r));
+    const uint64_t s = v.seq.load(std::memory_order_relaxed);
+    v.seq.store(s + 1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    for (int i = 0; i < internal::VcpuSlot::kWords; ++i)
+      v.cur[i].store(w[i], std::memory_order_relaxed);
+    v.exit_no.store(++v.begins, std::memory_order_relaxed);
+    v.seq.store(s + 2, std::memory_order_release);
+  }
+
+  // Ends the current exit of `vcpu` and appends its record to the vCPU's ring. The first form
+  // keeps the value given to BeginExit; the second records `value` (the data returned to the
+  // guest for a read). Without a matching BeginExit: counted (end_without_begin), no record.
+  void EndExit(uint32_t vcpu) noexcept { EndExitImpl(vcpu, 0, false); }
+  void EndExit(uint32_t vcpu, uint64_t value) noexcept { EndExitImpl(vcpu, value, true); }
+
+  // RAII: BeginExit in the constructor, EndExit in the destructor. A null recorder does
+  // nothing (so the embedder can switch recording off).
+  class ExitScope {
+   public:
+    ExitScope(Recorder* r, uint32_t vcpu, ExitKind kind, uint64_t addr = 0, uint8_t size = 0,
+              AccessDir dir = AccessDir::kNone, uint64_t value = 0) noexcept
+        : r_(r), vcpu_(vcpu) {
+      if (r_ != nullptr) r_->BeginExit(vcpu, kind, addr, size, dir, value);
+    }
+    ~ExitScope() {
+      if (r_ == nullptr) return;
+      if (has_value_) {
+        r_->EndExit(vcpu_, value_);
+      } else {
+        r_->EndExit(vcpu_);
+      }
+    }
+    // The value to record at the end (e.g. the data a read returns).
+    void set_value(uint64_t v) noexcept {
+      value_ = v;
+      has_value_ = true;
+    }
+    ExitScope(const ExitScope&) = delete;
+    ExitScope& operator=(const ExitScope&) = delete;
+
+   private:
+    Recorder* r_;
+    uint32_t vcpu_;
+    uint64_t value_ = 0;
+    bool has_value_ = false;
+  };
+
+  // ---- Device events (any thread, lock-free) --------------------------------------------
+  void IoSubmit(uint32_t device, uint64_t io_id) noexcept;
+  void IoComplete(uint32_t device, uint64_t io_id, int64_t status = 0) noexcept;
+  void QueueFull(uint32_t device, uint64_t queue) noexcept;
+  void BackendError(uint32_t device, int64_t error, std::string_view note = {}) noexcept;
+  void Note(uint32_t device, std::string_view text) noexcept;  // device may be kUnassigned
+
+  // ---- Policy, watchdog, logging (thread-safe, not for the hot path) -------------------
+  void SetSlowExitPolicy(SlowExitPolicy policy);
+  uint64_t slow_exit_threshold_ns() const noexcept;
+  void SetLogSink(LogSink sink);  // nullptr restores the default (stderr)
+  void SetFindingHook(FindingHook hook);
+  // (Re)starts the watchdog thread with `options`. kInvalidArgument for zero thresholds.
+  Status StartWatchdog(const WatchdogOptions& options);
+  void StopWatchdog();
+  bool watchdog_running() const noexcept;
+
+  // ---- Embedder metadata (thread-safe, mutex) -------------------------------------------
+  // String attributes carried in snapshots and dumps ("vmm" = "exitscope-run", "guest" = "blk").
+  void SetAttribute(std::string key, std::string value);
+  // Named per-vCPU counters ("kvm.exits", "kvm.halt_exits", ...). kInvalidArgument for a bad
+  // vCPU index.
+  Status SetVcpuCounter(uint32_t vcpu, std::string name, uint64_t value);
+
+  // ---- Reading --------------------------------------------------------------------------
+  // A consistent copy of everything (see dump.h), taken without stopping vCPUs.
+  Dump Snapshot(const DumpOptions& options = {}) const;
+  // Snapshot() written to `path` (atomically: temp file + rename).
+  Status WriteDump(const std::string& path, const DumpOptions& options = {}) const;
+  // On signal `signo` (e.g. SIGUSR1), a background thread writes a dump into `directory`
+  // as exitscope-<comm>-<pid>-<YYYYmmddTHHMMSS>-<n>.esdump and logs its path. The handler only
+  // writes to an eventfd; vCPUs never stop. One recorder per process may own the signal
+  // (kAlreadyExists if another live recorder does); calling it again on the same recorder
+  // replaces its registration. The previous handler is restored by RemoveDumpSignal or the
+  // destructor. kInvalidArgument for a bad signal or a missing directory.
+  Status InstallDumpSignal(int signo, std::string directory, DumpOptions options = {});
+  void RemoveDumpSignal();
+  // Path of the last dump written by the signal thread ("" when none yet).
+  std::string last_signal_dump() const;
+
+  RingCounters ring_counters(uint32_t vcpu) const noexcept;  // zeros for a bad index
+  RecorderCounters counters() const noexcept;
+  std::vector<FindingRecord> Findings() const;
+  const FlightRecorder& flight_recorder() const noexcept { return rings_; }
+
+  // Internal: used by the watchdog and slow paths.
+  void AddFinding(FindingRecord f);
+  void Log(std::string_view line) const;
+
+ private:
+  explicit Recorder(const RecorderOptions& options);
+  void CountBadVcpu() noexcept;
+  void BeginWithoutEnd(uint32_t vcpu, uint64_t now) noexcept;
+  void EndWithoutBegin() noexcept;
+  void SlowPath(const ExitRecord& r, bool stalled) noexcept;
+
+  void EndExitImpl(uint32_t vcpu, uint64_t value, bool has_value) noexcept {
+    if (__builtin_expect(vcpu >= num_vcpus_, 0)) return CountBadVcpu();
+    internal::VcpuSlot& v = slots_[vcpu];
+    const uint64_t now = clock_.Now();
+    uint64_t w[internal::VcpuSlot::kWords];
+    for (int i = 0; i < internal::VcpuSlot::kWords; ++i)
+      w[i] = v.cur[i].load(std::memory_order_relaxed);
+    ExitRecord r;
+    __builtin_memcpy(&r, w, sizeof(r));
+    if (__builtin_expect(r.start_ticks == 0, 0)) return EndWithoutBegin();
+    r.duration_ticks = now - r.start_ticks;
+    if (has_value) {
+      r.value = value;
+      r.flags |= kExitFlagValue;
+    }
+    const bool stalled = v.stalled.load(std::memory_order_relaxed) == v.begins;
+    if (stalled) r.flags |= kExitFlagStalled;
+    if (__builtin_expect(r.duration_ticks >= slow_ticks_.load(std::memory_order_relaxed), 0)) {
+      r.flags |= kExitFlagSlow;
+    }
+    // Clear the in-progress slot first (the watchdog then sees no exit), then append.
+    const uint64_t s = v.seq.load(std::memory_order_relaxed);
+    v.seq.store(s + 1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    v.cur[0].store(0, std::memory_order_relaxed);
+    v.seq.store(s + 2, std::memory_order_release);
+    rings_.ring(vcpu).Write(r);
+    if (__builtin_expect((r.flags & (kExitFlagSlow | kExitFlagStalled)) != 0, 0))
+      SlowPath(r, stalled);
+  }
+
+  friend class Watchdog;
+  friend class DumpSignalThread;
+
+  const uint32_t num_vcpus_;
+  Clock clock_;
+  std::unique_ptr<internal::VcpuSlot[]> slots_;
+  FlightRecorder rings_;
+  AddressSpace space_;
+  std::atomic<uint64_t> slow_ticks_{~0ull};
+  struct Impl;  // out-of-line state: device events, findings, watchdog, metadata, counters
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace exitscope

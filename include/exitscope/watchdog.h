@@ -1,0 +1,105 @@
+// exitscope/watchdog.h: findings about exits and I/Os that take too long, noticed while they
+// are still happening.
+//
+// The watchdog is a thread owned by the Recorder (Recorder::StartWatchdog). Every poll period
+// it reads each vCPU's "current exit" slot (written by BeginExit, cleared by EndExit; the
+// start time is atomic, so the watchdog sees an exit that never ends) and the table of I/Os in
+// flight (fed by Recorder::IoSubmit / IoComplete). It reports:
+//   - kStuckExitBegin: a vCPU has been inside one exit for at least stuck_exit_ns; reported
+//     once per stall, while the vCPU is still inside;
+//   - kStuckExitEnd: that exit ended; duration_ns is its total (emitted when the exit ends);
+//   - kAgedIo: an I/O submitted at least io_age_ns ago has not completed (once per I/O).
+// The SlowExitPolicy (recorder.h) adds kSlowExit for every exit whose duration reached its
+// threshold, found when the exit ends.
+// Each finding goes to the findings hook, the log sink (one line) and the findings ring kept
+// by the Recorder (dumped).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "exitscope/exit_record.h"
+
+namespace exitscope {
+
+// Stored in dumps; values stable.
+enum class FindingType : uint8_t {
+  kStuckExitBegin = 0,
+  kStuckExitEnd = 1,
+  kAgedIo = 2,
+  kSlowExit = 3,
+};
+// "stuck-exit", "stuck-exit-end", "aged-io", "slow-exit".
+std::string_view ToString(FindingType t) noexcept;
+
+struct WatchdogOptions {
+  uint64_t stuck_exit_ns = 20'000'000;  // report a vCPU inside one exit this long
+  uint64_t io_age_ns = 20'000'000'000;  // report an I/O in flight this long
+  uint64_t poll_ns = 0;                 // 0 = min(10 ms, stuck_exit_ns / 4), at least 1 ms
+};
+
+// One finding. `text` is the line as logged, e.g.
+// "vCPU 4: stuck in exit MMIO write 4B to nvme0.SQ1TDBL (0xfebf1008) for 1.02 s (still inside)".
+struct FindingRecord {
+  uint64_t time_ns = 0;  // CLOCK_MONOTONIC ns when found
+  FindingType type = FindingType::kStuckExitBegin;
+  uint32_t vcpu = 0;  // kStuckExit*/kSlowExit
+  uint64_t duration_ns =
+      0;  // so far (kStuckExitBegin, kAgedIo) or total (kStuckExitEnd, kSlowExit)
+  ExitKind kind = ExitKind::kUnknown;
+  AccessDir dir = AccessDir::kNone;
+  uint8_t size = 0;
+  uint64_t addr = 0;
+  uint32_t device = kUnassigned;  // exit's device, or the I/O's device
+  uint32_t reg = kNoRegister;
+  uint32_t reg_element = 0;
+  uint32_t reg_delta = 0;
+  uint64_t io_id = 0;  // kAgedIo
+  std::string text;
+};
+
+using FindingHook = std::function<void(const FindingRecord&)>;
+
+// Fixed-capacity table of I/Os in flight, written by any thread (lock-free), scanned by the
+// watchdog. Insert probes a window of kProbe slots from the hash of (device, io_id) and claims
+// the first free one; when the window is full the I/O is not tracked and `overflow` counts it.
+// Complete clears the matching slot; a completion without a tracked submit counts `untracked`.
+class InflightIoTable {
+ public:
+  static constexpr int kProbe = 16;
+  explicit InflightIoTable(uint32_t capacity);  // rounded up to a power of two, >= kProbe
+
+  void Submit(uint32_t device, uint64_t io_id, uint64_t now_ticks) noexcept;
+  void Complete(uint32_t device, uint64_t io_id) noexcept;
+
+  struct Entry {
+    uint32_t device;
+    uint64_t io_id;
+    uint64_t start_ticks;
+    uint32_t slot;
+  };
+  // I/Os older than `min_start_ticks`, not yet reported; marks them reported.
+  void CollectAged(uint64_t older_than_ticks, std::vector<Entry>* out) noexcept;
+  uint64_t in_flight() const noexcept;
+  uint64_t overflow() const noexcept { return overflow_.load(std::memory_order_relaxed); }
+  uint64_t untracked() const noexcept { return untracked_.load(std::memory_order_relaxed); }
+  uint32_t capacity() const noexcept { return mask_ + 1; }
+
+ private:
+  struct Slot {
+    std::atomic<uint32_t> state{0};  // 0 free, 1 claimed, 2 live, 3 live+reported
+    std::atomic<uint32_t> device{0};
+    std::atomic<uint64_t> io_id{0};
+    std::atomic<uint64_t> start{0};
+  };
+  uint32_t mask_;
+  std::unique_ptr<Slot[]> slots_;
+  std::atomic<uint64_t> overflow_{0};
+  std::atomic<uint64_t> untracked_{0};
+};
+
+}  // namespace exitscope

@@ -1,0 +1,236 @@
+#include "analysis/kvm_stats.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "sources/kvm_decode.h"
+
+namespace exitscope::analysis {
+namespace {
+
+constexpr std::string_view kClassNames[] = {"vmexit", "userspace", "ioport",
+                                            "mmio",   "msr",       "hypercall"};
+constexpr std::string_view kClassTitles[] = {"VM-EXIT",     "USERSPACE-EXIT", "IO Port Access",
+                                             "MMIO Access", "MSR Access",     "HYPERCALL"};
+
+}  // namespace
+
+std::string_view ToString(KvmEventClass c) noexcept {
+  const auto i = static_cast<size_t>(c);
+  return i < std::size(kClassNames) ? kClassNames[i] : "vmexit";
+}
+
+bool ParseKvmEventClass(std::string_view s, KvmEventClass* out) noexcept {
+  for (size_t i = 0; i < std::size(kClassNames); ++i) {
+    if (kClassNames[i] == s) {
+      *out = static_cast<KvmEventClass>(i);
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string_view KvmEventTitle(KvmEventClass c) noexcept {
+  const auto i = static_cast<size_t>(c);
+  return i < std::size(kClassTitles) ? kClassTitles[i] : "VM-EXIT";
+}
+
+bool ParseKvmSortKey(std::string_view s, KvmSortKey* out) noexcept {
+  static constexpr std::pair<std::string_view, KvmSortKey> kKeys[] = {
+      {"sample", KvmSortKey::kSample}, {"time", KvmSortKey::kTime}, {"max", KvmSortKey::kMax},
+      {"min", KvmSortKey::kMin},       {"avg", KvmSortKey::kAvg},   {"mean", KvmSortKey::kAvg},
+      {"p50", KvmSortKey::kP50},       {"p99", KvmSortKey::kP99},   {"p999", KvmSortKey::kP999},
+      {"p99.9", KvmSortKey::kP999},
+  };
+  for (const auto& [name, key] : kKeys) {
+    if (name == s) {
+      *out = key;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::vector<const KvmRow*> SortedRows(const KvmGroup& g, KvmSortKey key) {
+  std::vector<const KvmRow*> rows;
+  rows.reserve(g.rows.size());
+  for (const auto& r : g.rows) rows.push_back(r.get());
+  const auto value = [key](const KvmRow* r) -> double {
+    const LatencyStats& s = r->stats;
+    switch (key) {
+      case KvmSortKey::kSample: return static_cast<double>(s.count());
+      case KvmSortKey::kTime: return static_cast<double>(s.sum());
+      case KvmSortKey::kMax: return static_cast<double>(s.max());
+      case KvmSortKey::kMin: return static_cast<double>(s.min());
+      case KvmSortKey::kAvg: return s.mean();
+      case KvmSortKey::kP50: return static_cast<double>(s.Quantile(0.5));
+      case KvmSortKey::kP99: return static_cast<double>(s.Quantile(0.99));
+      case KvmSortKey::kP999: return static_cast<double>(s.Quantile(0.999));
+    }
+    return 0;
+  };
+  std::stable_sort(rows.begin(), rows.end(), [&](const KvmRow* a, const KvmRow* b) {
+    const double va = value(a), vb = value(b);
+    if (va != vb) return va > vb;
+    return a->key < b->key;
+  });
+  return rows;
+}
+
+KvmAggregator::KvmAggregator(KvmAnalysisOptions options) : options_(std::move(options)) {
+  analysis_.event = options_.event;
+  all_.group = &analysis_.all;
+}
+
+void KvmAggregator::Reset() {
+  const KvmAnalysisOptions keep = options_;
+  analysis_ = KvmAnalysis{};
+  analysis_.event = keep.event;
+  all_ = GroupIndex{};
+  all_.group = &analysis_.all;
+  vm_groups_.clear();
+  vcpu_groups_.clear();
+}
+
+bool KvmAggregator::Classify(const ExitEvent& e, Key* key) const {
+  switch (options_.event) {
+    case KvmEventClass::kVmexit:
+      key->name = e.reason;
+      return true;
+    case KvmEventClass::kUserspace:
+      if (!e.userspace) return false;
+      key->name = e.user_reason.empty() ? e.reason : e.user_reason;
+      return true;
+    case KvmEventClass::kIoport:
+      if (e.subkey_kind != SubKeyKind::kPort) return false;
+      key->sub = e.subkey;
+      key->dir = static_cast<uint8_t>(e.dir);
+      return true;
+    case KvmEventClass::kMmio:
+      if (e.subkey_kind != SubKeyKind::kMmio) return false;
+      key->sub = e.subkey;
+      key->dir = static_cast<uint8_t>(e.dir);
+      return true;
+    case KvmEventClass::kMsr:
+      if (e.subkey_kind != SubKeyKind::kMsr) return false;
+      key->sub = e.subkey;
+      key->dir = static_cast<uint8_t>(e.dir);
+      return true;
+    case KvmEventClass::kHypercall:
+      if (e.reason.starts_with("HC_")) {
+        key->name = e.reason;
+        return true;
+      }
+      if (e.subkey_kind == SubKeyKind::kHypercall) {
+        key->sub = e.subkey;
+        return true;
+      }
+      return false;
+  }
+  return false;
+}
+
+std::string KvmAggregator::KeyText(const Key& key, const ExitEvent& e) const {
+  (void)e;
+  const bool write = key.dir == static_cast<uint8_t>(Direction::kWrite);
+  switch (options_.event) {
+    case KvmEventClass::kVmexit:
+    case KvmEventClass::kUserspace:
+      return std::string(key.name);
+    case KvmEventClass::kIoport:
+      return fmt::format("{:#x}:{}", key.sub, write ? "POUT" : "PIN");
+    case KvmEventClass::kMmio:
+      return fmt::format("{:#x}:{}", key.sub, write ? "W" : "R");
+    case KvmEventClass::kMsr:
+      return fmt::format("{:#x}:{}", key.sub, write ? "W" : "R");
+    case KvmEventClass::kHypercall:
+      if (!key.name.empty()) return std::string(key.name);
+      return fmt::format("nr {:#x}", key.sub);
+  }
+  return {};
+}
+
+std::string KvmAggregator::NameText(const ExitEvent& e) const {
+  switch (options_.event) {
+    case KvmEventClass::kIoport:
+    case KvmEventClass::kMmio:
+      if (e.device.empty()) return {};
+      return e.reg.empty() ? std::string(e.device) : fmt::format("{}.{}", e.device, e.reg);
+    case KvmEventClass::kMsr:
+      return std::string(sources::MsrName(static_cast<uint32_t>(e.subkey)));
+    case KvmEventClass::kHypercall:
+      if (e.reason.starts_with("HC_")) return {};
+      return std::string(e.reason);
+    default:
+      return {};
+  }
+}
+
+void KvmAggregator::Add(GroupIndex& gi, const Key& key, const ExitEvent& e) {
+  auto it = gi.rows.find(key);
+  if (it == gi.rows.end()) {
+    auto row = std::make_unique<KvmRow>();
+    row->key = KeyText(key, e);
+    row->name = NameText(e);
+    Key stored = key;
+    if (!stored.name.empty()) stored.name = row->key;  // own the bytes the map key views
+    it = gi.rows.emplace(stored, row.get()).first;
+    gi.group->rows.push_back(std::move(row));
+  }
+  it->second->stats.Add(e.duration_ns);
+  ++gi.group->samples;
+  gi.group->time_ns += e.duration_ns;
+}
+
+KvmAggregator::GroupIndex& KvmAggregator::VmGroup(int64_t vm) {
+  auto [it, inserted] = vm_groups_.try_emplace(vm);
+  if (inserted) {
+    analysis_.per_vm.push_back(std::make_unique<KvmGroup>());
+    it->second.group = analysis_.per_vm.back().get();
+    it->second.group->vm = vm;
+  }
+  return it->second;
+}
+
+KvmAggregator::GroupIndex& KvmAggregator::VcpuGroup(int64_t vm, int64_t vcpu) {
+  auto [it, inserted] = vcpu_groups_.try_emplace({vm, vcpu});
+  if (inserted) {
+    analysis_.per_vcpu.push_back(std::make_unique<KvmGroup>());
+    it->second.group = analysis_.per_vcpu.back().get();
+    it->second.group->vm = vm;
+    it->second.group->vcpu = vcpu;
+  }
+  return it->second;
+}
+
+void KvmAggregator::OnExit(const ExitEvent& e) {
+  ++analysis_.exits_seen;
+  Key key;
+  if (!Classify(e, &key) || (options_.vcpu >= 0 && e.vcpu != options_.vcpu) ||
+      (options_.pid >= 0 && e.vm != options_.pid && e.tid != options_.pid)) {
+    ++analysis_.exits_filtered;
+    return;
+  }
+  Add(all_, key, e);
+  if (options_.per_vm) Add(VmGroup(e.vm), key, e);
+  if (options_.per_vcpu) Add(VcpuGroup(e.vm, e.vcpu), key, e);
+  if (options_.slow_ns != 0 && e.duration_ns >= options_.slow_ns) {
+    ++analysis_.slow_exits;
+    if (options_.on_slow) {
+      const auto it = all_.rows.find(key);  // keys compare by content
+      const std::string_view text = it != all_.rows.end() ? it->second->key : std::string_view{};
+      options_.on_slow(e, text);
+    }
+  }
+}
+
+void KvmAggregator::Finish() {
+  auto by_scope = [](const std::unique_ptr<KvmGroup>& a, const std::unique_ptr<KvmGroup>& b) {
+    return std::pair(a->vm, a->vcpu) < std::pair(b->vm, b->vcpu);
+  };
+  std::sort(analysis_.per_vm.begin(), analysis_.per_vm.end(), by_scope);
+  std::sort(analysis_.per_vcpu.begin(), analysis_.per_vcpu.end(), by_scope);
+}
+
+}  // namespace exitscope::analysis

@@ -1,0 +1,346 @@
+// `exitscope kvm live`: the `exitscope kvm report` analysis on the running machine,
+// refreshed every -d SECS, as `perf kvm stat live` does.
+//
+//   exitscope kvm live [-d SECS] [--stop-after SECS] [--event ...] [--vcpu N] [-p PID]
+//                      [-k KEY] [--duration USEC] [--percentiles] [--per-vcpu] [--per-vm]
+//                      [--histogram] [--format table|json|csv] [--device-map FILE]
+//                      [--cumulative]
+//
+// Records come from tracefs raw per-CPU pages (a private instance, every setting restored on
+// exit, Ctrl-C included), are decoded with kvm-analysis's KvmTepDecoder, paired into exits
+// by KvmPairer and aggregated by KvmAggregator: the very code `kvm report` runs on a file.
+// Pages are read every 10 ms; since a thread can move between CPUs, records are merged
+// across CPUs in time order and only handed on once they are 50 ms behind the newest record
+// seen, so the per-thread order the pairer needs holds.
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <deque>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "analysis/kvm_stats.h"
+#include "cli/commands.h"
+#include "fmt/format.h"
+#include "report/kvm_report.h"
+#include "sources/kvm_device_map.h"
+#include "sources/kvm_pairing.h"
+#include "sources/kvm_trace.h"
+#include "sources/tracecmd_dat.h"
+#include "sources/tracefs_reader.h"
+#include "sources/tracefs_session.h"
+
+extern "C" {
+#include <event-parse.h>
+}
+
+namespace exitscope::cli {
+namespace {
+
+using sources::KvmRecord;
+using sources::StopSignalScope;
+
+int Failed(const char* self, const Error& e) {
+  std::fprintf(stderr, "%s: %s\n", self, e.message.c_str());
+  return e.code == ErrorCode::kInvalidArgument || e.code == ErrorCode::kNotFound ? 2 : 1;
+}
+
+int Usage(const char* self, const std::string& what) {
+  std::fprintf(stderr, "%s: %s\n", self, what.c_str());
+  return 2;
+}
+
+// The process a thread belongs to, from /proc (-1 when it is gone).
+int32_t TgidOf(int32_t tid) {
+  std::ifstream in(fmt::format("/proc/{}/status", tid));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("Tgid:", 0) == 0) return static_cast<int32_t>(std::atol(line.c_str() + 5));
+  }
+  return -1;
+}
+
+// Decodes kvm records out of raw pages and keeps them until they can be fed in time order.
+class LiveMerger : public sources::RecordSink {
+ public:
+  LiveMerger(tep_handle* tep, sources::KvmPairer* pairer, uint64_t lag)
+      : decoder_(tep), pairer_(pairer), lag_(lag) {}
+
+  void OnRecord(tep_handle*, tep_record* rec) override {
+    Pending p;
+    p.lost = rec->missed_events;
+    if (!decoder_.Decode(rec, static_cast<uint32_t>(rec->cpu), &p.rec)) {
+      if (p.lost == 0) {
+        ++other_;
+        return;
+      }
+      p.rec = KvmRecord{};  // only the loss report: keep its place in time
+      p.rec.ts = rec->ts;
+      p.rec.cpu = static_cast<uint32_t>(rec->cpu);
+      p.rec.type = sources::KvmEventType::kOther;
+      p.only_lost = true;
+    }
+    newest_ = std::max(newest_, p.rec.ts);
+    pending_.push_back(p);
+  }
+
+  // Feeds every record at least `lag` older than the newest one (all of them when `all`).
+  void Flush(bool all) {
+    std::stable_sort(pending_.begin(), pending_.end(),
+                     [](const Pending& a, const Pending& b) { return a.rec.ts < b.rec.ts; });
+    const uint64_t cutoff = all ? UINT64_MAX : (newest_ > lag_ ? newest_ - lag_ : 0);
+    size_t n = 0;
+    for (; n < pending_.size() && pending_[n].rec.ts <= cutoff; ++n) {
+      Pending& p = pending_[n];
+      if (p.lost != 0) pairer_->OnLost(p.rec.cpu, p.lost);
+      if (p.only_lost) continue;
+      if (known_.insert(p.rec.tid).second) {
+        const int32_t tgid = TgidOf(p.rec.tid);
+        if (tgid > 0) pairer_->SetThreadGroup(p.rec.tid, tgid);
+      }
+      pairer_->Feed(p.rec);
+    }
+    pending_.erase(pending_.begin(), pending_.begin() + static_cast<ptrdiff_t>(n));
+  }
+
+  uint64_t other_records() const { return other_; }
+
+ private:
+  struct Pending {
+    KvmRecord rec;
+    int64_t lost = 0;
+    bool only_lost = false;
+  };
+  sources::KvmTepDecoder decoder_;
+  sources::KvmPairer* pairer_;
+  uint64_t lag_;
+  uint64_t newest_ = 0;
+  uint64_t other_ = 0;
+  std::vector<Pending> pending_;
+  std::unordered_set<int32_t> known_;
+};
+
+}  // namespace
+
+int KvmLiveMain(int argc, char** argv) {
+  const char* self = argc > 0 ? argv[0] : "exitscope kvm live";
+  CLI::App app{
+      "Show the `exitscope kvm report` analysis of the KVM exits happening now, "
+      "refreshed every -d SECS, as perf kvm stat live does. Ctrl-C stops; tracefs "
+      "is restored.",
+      self};
+  double interval = 1.0, stop_after = 0, duration_us = 0;
+  std::string event = "vmexit", key = "sample", format = "table", device_map;
+  std::string pvm_numbering = "upstream", tracefs_dir;
+  std::vector<std::string> events;
+  int64_t vcpu = -1, pid = -1;
+  bool percentiles = false, per_vcpu = false, per_vm = false, histogram = false;
+  bool cumulative = false, no_clear = false;
+  size_t buffer_kb = 0;
+  app.add_option("-d,--delay", interval, "refresh every SECS seconds (default 1)")
+      ->check(CLI::Range(0.05, 86400.0));
+  app.add_option("--stop-after", stop_after, "stop after SECS seconds (default: Ctrl-C)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--event", event, "vmexit | userspace | ioport | mmio | msr | hypercall");
+  app.add_option("--vcpu", vcpu, "only this vCPU");
+  app.add_option("-p,--pid", pid, "only this VM (VMM process id): also filters in the kernel");
+  app.add_option("-k,--key", key,
+                 "sort rows by: sample | time | max | min | avg | p50 | p99 | p999");
+  app.add_option("--duration", duration_us,
+                 "list each exit that took at least USEC microseconds (the last 20 are shown)");
+  app.add_flag("--percentiles", percentiles, "add p50 / p99 / p99.9 columns");
+  app.add_flag("--per-vcpu", per_vcpu, "add one table per vCPU");
+  app.add_flag("--per-vm", per_vm, "add one table per VM");
+  app.add_flag("--histogram", histogram, "log-scale latency histogram per row");
+  app.add_option("--format", format, "table | json | csv (json: one document per refresh)");
+  app.add_option("--device-map", device_map, "resolve ports / MMIO addresses (docs/kvm.md)");
+  app.add_option("--pvm-numbering", pvm_numbering, "upstream | fork");
+  app.add_flag("--cumulative", cumulative,
+               "keep counting across refreshes (default: each "
+               "refresh shows its interval only, as perf)");
+  app.add_flag("--no-clear", no_clear, "do not clear the screen between refreshes");
+  app.add_option("-e,--trace-event", events, "tracepoints to enable (default kvm:*)");
+  app.add_option("--buffer-kb", buffer_kb, "per-CPU ring buffer size in KiB")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--tracefs", tracefs_dir,
+                 "tracefs mount point (default: $EXITSCOPE_TRACEFS "
+                 "or /sys/kernel/tracing)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::fputs(app.help().c_str(), stdout);
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    return Usage(self, fmt::format("{} (see --help)", e.what()));
+  }
+
+  analysis::KvmAnalysisOptions aopts;
+  if (!analysis::ParseKvmEventClass(event, &aopts.event)) {
+    return Usage(self, fmt::format("--event: unknown event '{}' (vmexit, userspace, ioport, "
+                                   "mmio, msr, hypercall)",
+                                   event));
+  }
+  report::KvmRenderOptions ropts;
+  if (!analysis::ParseKvmSortKey(key, &ropts.sort)) {
+    return Usage(self, fmt::format("--key: unknown key '{}' (sample, time, max, min, avg, p50, "
+                                   "p99, p999)",
+                                   key));
+  }
+  if (format != "table" && format != "json" && format != "csv") {
+    return Usage(self, fmt::format("--format: '{}' is not table, json or csv", format));
+  }
+  if (duration_us < 0) return Usage(self, "--duration: must be >= 0");
+  sources::KvmPairerOptions popts;
+  if (pvm_numbering == "upstream") {
+    popts.pvm = sources::PvmNumbering::kUpstream;
+  } else if (pvm_numbering == "fork") {
+    popts.pvm = sources::PvmNumbering::kFork;
+  } else {
+    return Usage(self, fmt::format("--pvm-numbering: '{}' is not upstream or fork", pvm_numbering));
+  }
+  std::unique_ptr<sources::KvmDeviceMap> devices;
+  if (!device_map.empty()) {
+    auto m = sources::KvmDeviceMap::Load(device_map);
+    if (!m) {
+      return Failed(self, Error{m.error().code == ErrorCode::kIo ? ErrorCode::kInvalidArgument
+                                                                 : m.error().code,
+                                "--device-map " + m.error().message});
+    }
+    devices = std::move(*m);
+    popts.devices = devices.get();
+  }
+
+  sources::TracefsOptions topts;
+  topts.tracefs_dir = tracefs_dir;
+  if (!events.empty()) topts.events = events;
+  topts.buffer_kb = buffer_kb;
+  if (pid > 0) topts.pid = static_cast<pid_t>(pid);
+
+  StopSignalScope signals;
+  auto session = sources::TracefsSession::Open(topts);
+  if (!session) return Failed(self, session.error());
+  sources::TracefsSession& s = **session;
+  auto reader = sources::TracefsPageReader::Open(s);
+  if (!reader) return Failed(self, reader.error());
+  auto tep = sources::TepEvents::Load(s.tracefs_dir(), s.systems());
+  if (!tep) return Failed(self, tep.error());
+
+  const uint64_t tsc_khz = s.clock() == "x86-tsc" ? sources::HostTscKhz() : 0;
+  popts.clock = sources::ScaleForClock(s.clock(), tsc_khz);
+  // 50 ms in the capture clock's units.
+  const uint64_t lag = tsc_khz ? tsc_khz * 50 : 50'000'000;
+
+  std::deque<std::string> slow_lines;
+  aopts.vcpu = vcpu;
+  aopts.pid = pid;
+  aopts.per_vcpu = per_vcpu;
+  aopts.per_vm = per_vm;
+  aopts.slow_ns = static_cast<uint64_t>(duration_us * 1000.0 + 0.5);
+  if (aopts.slow_ns != 0) {
+    aopts.on_slow = [&](const ExitEvent& e, std::string_view k) {
+      slow_lines.push_back(report::FormatKvmSlowExit(e, k));
+      if (slow_lines.size() > 20) slow_lines.pop_front();
+    };
+  }
+  analysis::KvmAggregator agg(aopts);
+  sources::KvmPairer pairer(popts, &agg);
+  LiveMerger merger(tep->get(), &pairer, lag);
+  sources::RawPageDecoder pages(tep->get());
+  auto sink = [&](int cpu, const uint8_t* page, size_t size) -> Status {
+    pages.Decode(cpu, page, size, merger);
+    return {};
+  };
+
+  report::KvmReportContext ctx;
+  ctx.input = "live";
+  ctx.format = "tracefs";
+  ctx.clock = s.clock();
+  ctx.tsc_khz = tsc_khz;
+  ctx.tsc_khz_from_host = tsc_khz != 0;
+  ctx.pairing = &pairer.stats();
+  ctx.pid = pid;
+  ctx.vcpu = vcpu;
+  ropts.percentiles = percentiles;
+  ropts.histogram = histogram;
+  ropts.per_vcpu = per_vcpu;
+  ropts.per_vm = per_vm;
+  const bool clear = format == "table" && !no_clear && ::isatty(STDOUT_FILENO);
+
+  if (Status st = s.Start(); !st) return Failed(self, st.error());
+  const auto start = std::chrono::steady_clock::now();
+  auto next_refresh = start + std::chrono::duration<double>(interval);
+  int refresh = 0;
+  auto render = [&](bool final_one) {
+    agg.Finish();
+    ++refresh;
+    std::string out;
+    if (format == "table") {
+      if (clear) out += "\033[H\033[2J";
+      std::time_t now = std::time(nullptr);
+      char when[32];
+      std::strftime(when, sizeof when, "%H:%M:%S", std::localtime(&now));
+      out += fmt::format(
+          "exitscope kvm live: {} {} #{} (every {} s{}), clock {}, lost {} "
+          "events{}\n",
+          final_one ? "final" : "refresh", when, refresh, interval,
+          cumulative ? ", cumulative" : "", s.clock(), pages.lost_events(),
+          pages.lost_unknown_pages()
+              ? fmt::format(" (+{} pages with an unknown count)", pages.lost_unknown_pages())
+              : "");
+      out += report::RenderKvmTable(agg.analysis(), ctx, ropts);
+      if (!slow_lines.empty()) {
+        out += fmt::format("\nSlowest-threshold exits (>= {} us), latest {}:\n", duration_us,
+                           slow_lines.size());
+        for (const std::string& l : slow_lines) out += l + "\n";
+      }
+    } else if (format == "json") {
+      out = report::RenderKvmJson(agg.analysis(), ctx, ropts);
+      while (!out.empty() && out.back() == '\n') out.pop_back();
+      std::replace(out.begin(), out.end(), '\n', ' ');
+      out += '\n';
+    } else {
+      out = report::RenderKvmCsv(agg.analysis(), ctx, ropts);
+    }
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    std::fflush(stdout);
+    if (!cumulative) agg.Reset();
+  };
+
+  for (;;) {
+    auto n = (*reader)->Poll(sink);
+    if (!n) return Failed(self, n.error());
+    merger.Flush(false);
+    if (StopSignalScope::StopRequested()) break;
+    const auto now = std::chrono::steady_clock::now();
+    if (stop_after > 0 && now - start >= std::chrono::duration<double>(stop_after)) break;
+    if (now >= next_refresh) {
+      render(false);
+      next_refresh += std::chrono::duration<double>(interval);
+      if (next_refresh < now) next_refresh = now + std::chrono::duration<double>(interval);
+    }
+    ::usleep(10'000);  // a signal cuts it short
+  }
+  (void)s.Stop();
+  for (int idle = 0; idle < 2;) {
+    auto n = (*reader)->Poll(sink);
+    if (!n) break;
+    if (*n == 0) ++idle;
+  }
+  merger.Flush(true);
+  pairer.Finish();
+  render(true);
+  (*reader)->Close();
+  if (Status st = s.Close(); !st) return Failed(self, st.error());
+  return 0;
+}
+
+}  // namespace exitscope::cli

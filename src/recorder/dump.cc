@@ -1,0 +1,996 @@
+// Dump: names and descriptions, process/host info, and the binary file format
+// (docs/dump-format.md): header, section table, sections, CRC32 per section.
+#include "exitscope/dump.h"
+
+#include <fcntl.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <unordered_map>
+
+#include "recorder/describe.h"
+
+namespace exitscope {
+namespace internal {
+
+std::string DescribeExit(ExitKind kind, AccessDir dir, uint8_t size, uint64_t addr,
+                         std::string_view device, std::string_view reg) {
+  char buf[64];
+  std::string s = "exit ";
+  s += ToString(kind);
+  if (kind == ExitKind::kMmio || kind == ExitKind::kPio) {
+    if (dir != AccessDir::kNone) {
+      s += ' ';
+      s += ToString(dir);
+    }
+    s += ' ' + std::to_string(size) + "B ";
+    s += dir == AccessDir::kRead ? "from " : "to ";
+    if (device.empty()) {
+      s += "unassigned";
+    } else {
+      s += device;
+      if (!reg.empty()) {
+        s += '.';
+        s += reg;
+      }
+    }
+    std::snprintf(buf, sizeof buf,
+                  kind == ExitKind::kPio ? " (port 0x%" PRIx64 ")" : " (0x%" PRIx64 ")", addr);
+    s += buf;
+  } else if (kind == ExitKind::kHypercall || kind == ExitKind::kMsr || kind == ExitKind::kOther) {
+    std::snprintf(buf, sizeof buf, " 0x%" PRIx64, addr);
+    s += buf;
+  }
+  return s;
+}
+
+namespace {
+std::string ReadSmallFile(const char* path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+}  // namespace
+
+ProcessInfo ReadProcessInfo() {
+  ProcessInfo p;
+  p.pid = getpid();
+  p.comm = ReadSmallFile("/proc/self/comm");
+  while (!p.comm.empty() && (p.comm.back() == '\n' || p.comm.back() == '\0')) p.comm.pop_back();
+  const std::string cmdline = ReadSmallFile("/proc/self/cmdline");
+  size_t i = 0;
+  while (i < cmdline.size()) {
+    size_t z = cmdline.find('\0', i);
+    if (z == std::string::npos) z = cmdline.size();
+    p.argv.push_back(cmdline.substr(i, z - i));
+    i = z + 1;
+  }
+  // Start time: field 22 of /proc/self/stat (after the ")" of comm) + btime of /proc/stat.
+  const std::string stat = ReadSmallFile("/proc/self/stat");
+  const size_t rp = stat.rfind(')');
+  if (rp != std::string::npos) {
+    std::istringstream in(stat.substr(rp + 1));
+    std::string field;
+    unsigned long long start_ticks = 0;
+    for (int f = 3; f <= 22 && (in >> field); ++f) {
+      if (f == 22) start_ticks = std::strtoull(field.c_str(), nullptr, 10);
+    }
+    std::istringstream ps(ReadSmallFile("/proc/stat"));
+    std::string line;
+    unsigned long long btime = 0;
+    while (std::getline(ps, line)) {
+      if (line.rfind("btime ", 0) == 0) btime = std::strtoull(line.c_str() + 6, nullptr, 10);
+    }
+    const long hz = sysconf(_SC_CLK_TCK);
+    if (btime != 0 && hz > 0) {
+      p.start_realtime_ns = btime * 1000000000ull +
+                            start_ticks * (1000000000ull / static_cast<unsigned long long>(hz));
+    }
+  }
+  return p;
+}
+
+HostInfo ReadHostInfo() {
+  HostInfo h;
+  utsname u;
+  if (uname(&u) == 0) {
+    h.sysname = u.sysname;
+    h.nodename = u.nodename;
+    h.release = u.release;
+    h.version = u.version;
+    h.machine = u.machine;
+  }
+  std::istringstream in(ReadSmallFile("/proc/cpuinfo"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t c = line.find(':');
+      if (c != std::string::npos)
+        h.cpu_model = line.substr(c + 1 + (c + 1 < line.size() && line[c + 1] == ' '));
+      break;
+    }
+  }
+  const long n = sysconf(_SC_NPROCESSORS_ONLN);
+  h.cpus = n > 0 ? static_cast<uint32_t>(n) : 0;
+  return h;
+}
+
+}  // namespace internal
+
+// ---- Dump helpers ------------------------------------------------------------------------
+
+std::string Dump::DeviceName(uint32_t index) const {
+  if (index == kUnassigned) return {};
+  if (index < devices.size()) return devices[index].name;
+  return "#" + std::to_string(index);
+}
+
+const RegisterMap* Dump::MapFor(IoSpace space, uint64_t addr) const {
+  for (const DumpRange& r : ranges) {
+    if (r.space == space && addr >= r.base && addr - r.base < r.size) {
+      return r.map < maps.size() ? &maps[r.map] : nullptr;
+    }
+  }
+  return nullptr;
+}
+
+std::string Dump::RegisterName(uint32_t device, uint64_t addr, IoSpace space, uint32_t reg,
+                               uint32_t element, uint32_t delta, uint32_t size) const {
+  if (reg == kNoRegister || device == kUnassigned) return {};
+  for (const DumpRange& r : ranges) {
+    if (r.space == space && r.device == device && addr >= r.base && addr - r.base < r.size) {
+      if (r.map >= maps.size()) return {};
+      return maps[r.map].Format(RegisterHit{reg, element, delta}, size);
+    }
+  }
+  return {};
+}
+
+std::string Dump::RegisterName(const DumpExit& e) const {
+  if (e.kind != ExitKind::kMmio && e.kind != ExitKind::kPio) return {};
+  return RegisterName(e.device, e.addr, SpaceOf(e.kind), e.reg, e.reg_element, e.reg_delta, e.size);
+}
+
+std::string Dump::Attribute(std::string_view key) const {
+  for (const auto& [k, v] : attributes) {
+    if (k == key) return v;
+  }
+  return {};
+}
+
+std::string Dump::DescribeExit(const DumpExit& e) const {
+  return internal::DescribeExit(e.kind, e.dir, e.size, e.addr, DeviceName(e.device),
+                                RegisterName(e));
+}
+
+// ---- File format -------------------------------------------------------------------------
+
+namespace {
+
+constexpr uint32_t kHeaderSize = 64;
+constexpr uint32_t kSectionEntrySize = 32;
+constexpr uint32_t kExitRecordSize = 56;
+constexpr uint32_t kFlagGuestData = 1;
+
+enum SectionId : uint32_t {
+  kStrings = 1,
+  kMeta = 2,
+  kDevices = 3,
+  kMaps = 4,
+  kRanges = 5,
+  kVcpus = 6,
+  kExits = 7,
+  kDeviceEvents = 8,
+  kFindings = 9,
+};
+constexpr uint32_t kSectionCount = 9;
+
+const char* SectionName(uint32_t id) {
+  switch (id) {
+    case kStrings:
+      return "strings";
+    case kMeta:
+      return "meta";
+    case kDevices:
+      return "devices";
+    case kMaps:
+      return "maps";
+    case kRanges:
+      return "ranges";
+    case kVcpus:
+      return "vcpus";
+    case kExits:
+      return "exits";
+    case kDeviceEvents:
+      return "device_events";
+    case kFindings:
+      return "findings";
+  }
+  return "unknown";
+}
+
+uint32_t Crc32(std::string_view data) {
+  static const std::array<uint32_t, 256> table = [] {
+    std::array<uint32_t, 256> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xedb88320u ^ (c >> 1) : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  uint32_t c = 0xffffffffu;
+  for (unsigned char b : data) c = table[(c ^ b) & 0xff] ^ (c >> 8);
+  return c ^ 0xffffffffu;
+}
+
+std::string Hex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%" PRIx64, v);
+  return buf;
+}
+
+// Little-endian appender.
+class Writer {
+ public:
+  void U8(uint8_t v) { buf_.push_back(static_cast<char>(v)); }
+  void U16(uint16_t v) { Le(v, 2); }
+  void U32(uint32_t v) { Le(v, 4); }
+  void U64(uint64_t v) { Le(v, 8); }
+  void I64(int64_t v) { Le(static_cast<uint64_t>(v), 8); }
+  void F64(double v) {
+    uint64_t u;
+    std::memcpy(&u, &v, 8);
+    U64(u);
+  }
+  std::string& buf() { return buf_; }
+
+ private:
+  void Le(uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) buf_.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  }
+  std::string buf_;
+};
+
+class Strings {
+ public:
+  void Ref(Writer& w, std::string_view s) {
+    auto it = index_.find(std::string(s));
+    uint32_t off;
+    if (it == index_.end()) {
+      off = static_cast<uint32_t>(data_.size());
+      data_.append(s);
+      index_.emplace(std::string(s), off);
+    } else {
+      off = it->second;
+    }
+    w.U32(off);
+    w.U32(static_cast<uint32_t>(s.size()));
+  }
+  const std::string& data() const { return data_; }
+
+ private:
+  std::string data_;
+  std::unordered_map<std::string, uint32_t> index_;
+};
+
+void PutExit(Writer& w, const DumpExit& e, bool guest_data) {
+  w.U64(e.start_ns);
+  w.U64(e.duration_ns);
+  w.U64(e.addr);
+  w.U64(guest_data ? e.value : 0);
+  w.U32(e.vcpu);
+  w.U32(e.device);
+  w.U32(e.reg);
+  w.U32(e.reg_element);
+  w.U32(e.reg_delta);
+  w.U8(static_cast<uint8_t>(e.kind));
+  w.U8(e.size);
+  w.U8(static_cast<uint8_t>(e.dir));
+  w.U8(guest_data ? e.flags : static_cast<uint8_t>(e.flags & ~kExitFlagValue));
+}
+
+// Bounds-checked little-endian reader over one section. The first failure sticks.
+class Reader {
+ public:
+  Reader(std::string_view data, const char* section, uint64_t base, std::string_view origin)
+      : data_(data), section_(section), base_(base), origin_(origin) {}
+
+  bool ok() const { return error_.empty(); }
+  size_t remaining() const { return data_.size() - pos_; }
+  uint8_t U8() { return static_cast<uint8_t>(Le(1)); }
+  uint16_t U16() { return static_cast<uint16_t>(Le(2)); }
+  uint32_t U32() { return static_cast<uint32_t>(Le(4)); }
+  uint64_t U64() { return Le(8); }
+  int64_t I64() { return static_cast<int64_t>(Le(8)); }
+  double F64() {
+    const uint64_t u = Le(8);
+    double d;
+    std::memcpy(&d, &u, 8);
+    return d;
+  }
+  std::string Str(std::string_view strings) {
+    const uint32_t off = U32();
+    const uint32_t len = U32();
+    if (!ok()) return {};
+    if (off > strings.size() || len > strings.size() - off) {
+      Bad("string reference [" + std::to_string(off) + ", +" + std::to_string(len) +
+          "] is outside the strings section (" + std::to_string(strings.size()) + " bytes)");
+      return {};
+    }
+    return std::string(strings.substr(off, len));
+  }
+  // A count of records of at least `min_size` bytes each must fit in what is left.
+  bool Count(uint64_t n, uint64_t min_size, const char* what) {
+    if (!ok()) return false;
+    if (min_size != 0 && n > remaining() / min_size) {
+      Bad(std::string(what) + " count " + std::to_string(n) + " needs at least " +
+          std::to_string(n * min_size) + " bytes, " + std::to_string(remaining()) + " left");
+      return false;
+    }
+    return true;
+  }
+  void Bad(const std::string& why) {
+    if (error_.empty()) {
+      error_ = std::string(origin_) + ": section '" + section_ + "' is corrupt at offset " +
+               std::to_string(base_ + pos_) + ": " + why;
+    }
+  }
+  std::unexpected<Error> Fail() const { return exitscope::Fail(ErrorCode::kCorrupt, error_); }
+
+ private:
+  uint64_t Le(int n) {
+    if (!ok()) return 0;
+    if (remaining() < static_cast<size_t>(n)) {
+      error_ = std::string(origin_) + ": truncated at offset " +
+               std::to_string(base_ + data_.size()) + ": section '" + section_ + "' needs " +
+               std::to_string(n) + " more bytes at offset " + std::to_string(base_ + pos_);
+      return 0;
+    }
+    uint64_t v = 0;
+    for (int i = 0; i < n; ++i)
+      v |= static_cast<uint64_t>(static_cast<unsigned char>(data_[pos_ + i])) << (8 * i);
+    pos_ += n;
+    return v;
+  }
+  std::string_view data_;
+  size_t pos_ = 0;
+  const char* section_;
+  uint64_t base_;
+  std::string_view origin_;
+  std::string error_;
+};
+
+bool ReadExit(Reader& r, DumpExit* e) {
+  e->start_ns = r.U64();
+  e->duration_ns = r.U64();
+  e->addr = r.U64();
+  e->value = r.U64();
+  e->vcpu = r.U32();
+  e->device = r.U32();
+  e->reg = r.U32();
+  e->reg_element = r.U32();
+  e->reg_delta = r.U32();
+  const uint8_t kind = r.U8();
+  e->size = r.U8();
+  const uint8_t dir = r.U8();
+  e->flags = r.U8();
+  if (!r.ok()) return false;
+  if (kind >= kExitKindCount) {
+    r.Bad("exit kind " + std::to_string(kind) + " is unknown");
+    return false;
+  }
+  if (dir > 2) {
+    r.Bad("access direction " + std::to_string(dir) + " is unknown");
+    return false;
+  }
+  e->kind = static_cast<ExitKind>(kind);
+  e->dir = static_cast<AccessDir>(dir);
+  return true;
+}
+
+}  // namespace
+
+std::string SerializeDump(const Dump& d, const DumpOptions& opts) {
+  const bool guest = opts.include_guest_data && d.includes_guest_data;
+  Strings strings;
+  Writer sec[kSectionCount + 1];
+
+  {  // meta
+    Writer& w = sec[kMeta];
+    w.U64(d.monotonic_ns);
+    w.U64(d.realtime_ns);
+    w.U8(static_cast<uint8_t>(d.clock.source));
+    w.U8(d.clock.tsc_invariant ? 1 : 0);
+    w.U8(d.clock.tsc_known_freq ? 1 : 0);
+    w.U8(0);
+    w.F64(d.clock.ns_per_tick);
+    w.U64(d.clock.tsc_hz);
+    w.U64(d.clock.base_ticks);
+    w.U64(d.clock.base_ns);
+    w.U64(d.slow_exit_threshold_ns);
+    w.U64(d.watchdog.stuck_exit_ns);
+    w.U64(d.watchdog.io_age_ns);
+    w.U64(d.watchdog.poll_ns);
+    w.U8(d.watchdog_running ? 1 : 0);
+    w.I64(d.process.pid);
+    strings.Ref(w, d.process.comm);
+    w.U32(static_cast<uint32_t>(d.process.argv.size()));
+    for (const std::string& a : d.process.argv) strings.Ref(w, a);
+    w.U64(d.process.start_realtime_ns);
+    for (const std::string* s : {&d.host.sysname, &d.host.nodename, &d.host.release,
+                                 &d.host.version, &d.host.machine, &d.host.cpu_model}) {
+      strings.Ref(w, *s);
+    }
+    w.U32(d.host.cpus);
+    const RecorderCounters& c = d.counters;
+    for (uint64_t v :
+         {c.bad_vcpu, c.end_without_begin, c.begin_without_end, c.slow_exits, c.findings_dropped,
+          c.io_inflight_overflow, c.io_untracked_completions, c.io_in_flight}) {
+      w.U64(v);
+    }
+    const DeviceEventCounters& e = d.device_event_counters;
+    for (uint64_t v : {e.capacity, e.written, e.overwritten, e.dropped, e.skipped}) w.U64(v);
+    w.U32(static_cast<uint32_t>(d.attributes.size()));
+    for (const auto& [k, v] : d.attributes) {
+      strings.Ref(w, k);
+      strings.Ref(w, v);
+    }
+  }
+  {
+    Writer& w = sec[kDevices];
+    w.U32(static_cast<uint32_t>(d.devices.size()));
+    for (const DeviceInfo& dev : d.devices) {
+      w.U32(dev.index);
+      w.U64(dev.id);
+      strings.Ref(w, dev.name);
+      strings.Ref(w, dev.kind);
+    }
+  }
+  {
+    Writer& w = sec[kMaps];
+    w.U32(static_cast<uint32_t>(d.maps.size()));
+    for (const RegisterMap& m : d.maps) {
+      strings.Ref(w, m.name());
+      w.U32(static_cast<uint32_t>(m.registers().size()));
+      for (const RegisterDef& r : m.registers()) {
+        strings.Ref(w, r.name);
+        w.U64(r.offset);
+        w.U32(r.width);
+        w.U8(static_cast<uint8_t>(r.access));
+        w.U8(r.alias ? 1 : 0);
+        w.U16(0);
+        w.U32(r.count);
+        w.U64(r.stride);
+        strings.Ref(w, r.description);
+      }
+    }
+  }
+  {
+    Writer& w = sec[kRanges];
+    w.U32(static_cast<uint32_t>(d.ranges.size()));
+    for (const DumpRange& r : d.ranges) {
+      w.U8(static_cast<uint8_t>(r.space));
+      w.U8(0);
+      w.U16(0);
+      w.U32(r.device);
+      w.U64(r.base);
+      w.U64(r.size);
+      w.U32(r.map);
+    }
+  }
+  {
+    Writer& v = sec[kVcpus];
+    Writer& x = sec[kExits];
+    uint64_t total = 0;
+    for (const DumpVcpu& c : d.vcpus) total += c.exits.size();
+    x.U64(total);
+    v.U32(static_cast<uint32_t>(d.vcpus.size()));
+    for (const DumpVcpu& c : d.vcpus) {
+      v.U32(c.vcpu);
+      v.U64(c.counters.capacity);
+      v.U64(c.counters.written);
+      v.U64(c.counters.overwritten);
+      v.U64(c.counters.skipped);
+      v.U64(c.exits.size());
+      v.U8(c.in_progress ? 1 : 0);
+      if (c.in_progress) PutExit(v, *c.in_progress, guest);
+      v.U32(static_cast<uint32_t>(c.named_counters.size()));
+      for (const auto& [name, value] : c.named_counters) {
+        strings.Ref(v, name);
+        v.U64(value);
+      }
+      for (const DumpExit& e : c.exits) PutExit(x, e, guest);
+    }
+  }
+  {
+    Writer& w = sec[kDeviceEvents];
+    w.U32(static_cast<uint32_t>(d.device_events.size()));
+    for (const DumpDeviceEvent& e : d.device_events) {
+      w.U64(e.time_ns);
+      w.U8(static_cast<uint8_t>(e.type));
+      w.U8(e.note_truncated ? 1 : 0);
+      w.U16(0);
+      w.U32(e.device);
+      w.U64(e.io_id);
+      w.I64(e.status);
+      strings.Ref(w, e.note);
+    }
+  }
+  {
+    Writer& w = sec[kFindings];
+    w.U32(static_cast<uint32_t>(d.findings.size()));
+    for (const FindingRecord& f : d.findings) {
+      w.U64(f.time_ns);
+      w.U8(static_cast<uint8_t>(f.type));
+      w.U8(static_cast<uint8_t>(f.kind));
+      w.U8(static_cast<uint8_t>(f.dir));
+      w.U8(f.size);
+      w.U32(f.vcpu);
+      w.U64(f.duration_ns);
+      w.U64(f.addr);
+      w.U32(f.device);
+      w.U32(f.reg);
+      w.U32(f.reg_element);
+      w.U32(f.reg_delta);
+      w.U64(f.io_id);
+      strings.Ref(w, f.text);
+    }
+  }
+  sec[kStrings].buf() = strings.data();
+
+  // Layout: header, section table, sections in id order.
+  Writer out;
+  uint64_t offset = kHeaderSize + kSectionCount * kSectionEntrySize;
+  Writer table;
+  for (uint32_t id = 1; id <= kSectionCount; ++id) {
+    const std::string& b = sec[id].buf();
+    table.U32(id);
+    table.U32(0);
+    table.U64(offset);
+    table.U64(b.size());
+    table.U32(Crc32(b));
+    table.U32(0);
+    offset += b.size();
+  }
+  out.buf().append(kDumpMagic, 8);
+  out.U32(kDumpVersion);
+  out.U32(kHeaderSize);
+  out.U32(guest ? kFlagGuestData : 0);
+  out.U32(kSectionCount);
+  out.U64(offset);  // file size
+  out.U32(Crc32(table.buf()));
+  out.U32(0);  // header crc, patched below
+  out.buf().resize(kHeaderSize, '\0');
+  const uint32_t hcrc = Crc32(out.buf());
+  for (int i = 0; i < 4; ++i) out.buf()[36 + i] = static_cast<char>((hcrc >> (8 * i)) & 0xff);
+  out.buf() += table.buf();
+  for (uint32_t id = 1; id <= kSectionCount; ++id) out.buf() += sec[id].buf();
+  return std::move(out.buf());
+}
+
+Result<Dump> ParseDump(std::string_view bytes, std::string_view origin) {
+  const std::string o(origin);
+  auto corrupt = [&](const std::string& why) { return Fail(ErrorCode::kCorrupt, o + ": " + why); };
+  if (bytes.size() < 8) {
+    return corrupt("truncated at offset " + std::to_string(bytes.size()) +
+                   ": the header needs 8 bytes of magic (not an exitscope dump?)");
+  }
+  if (std::memcmp(bytes.data(), kDumpMagic, 8) != 0) {
+    return corrupt("not an exitscope dump (bad magic)");
+  }
+  if (bytes.size() < kHeaderSize) {
+    return corrupt("truncated at offset " + std::to_string(bytes.size()) + ": the header needs " +
+                   std::to_string(kHeaderSize) + " bytes");
+  }
+  Reader h(bytes.substr(0, kHeaderSize), "header", 0, origin);
+  for (int i = 0; i < 8; ++i) h.U8();
+  const uint32_t version = h.U32();
+  const uint32_t header_size = h.U32();
+  const uint32_t flags = h.U32();
+  const uint32_t nsec = h.U32();
+  const uint64_t file_size = h.U64();
+  const uint32_t table_crc = h.U32();
+  const uint32_t header_crc = h.U32();
+  if (version == 0) return corrupt("dump version 0 is invalid");
+  if (version > kDumpVersion) {
+    return Fail(ErrorCode::kUnsupported, o + ": dump version " + std::to_string(version) +
+                                             " is newer than this exitscope (max " +
+                                             std::to_string(kDumpVersion) + ")");
+  }
+  {
+    std::string hdr(bytes.substr(0, kHeaderSize));
+    std::memset(hdr.data() + 36, 0, 4);
+    const uint32_t c = Crc32(hdr);
+    if (c != header_crc) {
+      return corrupt("header checksum mismatch (stored " + Hex(header_crc) + ", computed " +
+                     Hex(c) + ")");
+    }
+  }
+  if (header_size != kHeaderSize)
+    return corrupt("header size " + std::to_string(header_size) + " is not 64");
+  if ((flags & ~kFlagGuestData) != 0) return corrupt("unknown header flags " + Hex(flags));
+  if (nsec > 1024) return corrupt("section count " + std::to_string(nsec) + " is implausible");
+  const uint64_t table_end = kHeaderSize + static_cast<uint64_t>(nsec) * kSectionEntrySize;
+  if (bytes.size() < table_end) {
+    return corrupt("truncated at offset " + std::to_string(bytes.size()) +
+                   ": the section table needs " + std::to_string(table_end) + " bytes");
+  }
+  const std::string_view table = bytes.substr(kHeaderSize, table_end - kHeaderSize);
+  if (Crc32(table) != table_crc) return corrupt("section table checksum mismatch");
+  std::string_view sections[kSectionCount + 1];
+  uint64_t section_base[kSectionCount + 1] = {};
+  bool seen[kSectionCount + 1] = {};
+  Reader t(table, "section table", kHeaderSize, origin);
+  for (uint32_t i = 0; i < nsec; ++i) {
+    const uint32_t id = t.U32();
+    t.U32();
+    const uint64_t off = t.U64();
+    const uint64_t len = t.U64();
+    const uint32_t crc = t.U32();
+    t.U32();
+    if (!t.ok()) return t.Fail();
+    const char* name = SectionName(id);
+    if (off < table_end || off > bytes.size() || len > bytes.size() - off) {
+      if (off >= table_end && off <= UINT64_MAX - len) {
+        return corrupt("truncated at offset " + std::to_string(bytes.size()) + ": section '" +
+                       name + "' needs " + std::to_string(len) + " bytes at offset " +
+                       std::to_string(off));
+      }
+      return corrupt("section '" + std::string(name) + "' has a bad extent (offset " +
+                     std::to_string(off) + ", length " + std::to_string(len) + ")");
+    }
+    const std::string_view data = bytes.substr(off, len);
+    const uint32_t c = Crc32(data);
+    if (c != crc) {
+      return corrupt("section '" + std::string(name) + "' checksum mismatch (stored " + Hex(crc) +
+                     ", computed " + Hex(c) + ")");
+    }
+    if (id >= 1 && id <= kSectionCount) {
+      if (seen[id]) return corrupt("section '" + std::string(name) + "' appears twice");
+      seen[id] = true;
+      sections[id] = data;
+      section_base[id] = off;
+    }  // unknown sections of this version are skipped
+  }
+  if (file_size != bytes.size()) {
+    if (bytes.size() < file_size) {
+      return corrupt("truncated at offset " + std::to_string(bytes.size()) +
+                     ": the header says the file has " + std::to_string(file_size) + " bytes");
+    }
+    return corrupt(std::to_string(bytes.size() - file_size) + " trailing bytes after the end (" +
+                   std::to_string(file_size) + " bytes) the header gives");
+  }
+  for (uint32_t id = 1; id <= kSectionCount; ++id) {
+    if (!seen[id]) return corrupt("missing section '" + std::string(SectionName(id)) + "'");
+  }
+
+  Dump d;
+  d.version = version;
+  d.includes_guest_data = (flags & kFlagGuestData) != 0;
+  const std::string_view strs = sections[kStrings];
+
+  {
+    Reader r(sections[kMeta], "meta", section_base[kMeta], origin);
+    d.monotonic_ns = r.U64();
+    d.realtime_ns = r.U64();
+    const uint8_t src = r.U8();
+    d.clock.tsc_invariant = r.U8() != 0;
+    d.clock.tsc_known_freq = r.U8() != 0;
+    r.U8();
+    d.clock.ns_per_tick = r.F64();
+    d.clock.tsc_hz = r.U64();
+    d.clock.base_ticks = r.U64();
+    d.clock.base_ns = r.U64();
+    if (r.ok() && src > 1) r.Bad("clock source " + std::to_string(src) + " is unknown");
+    d.clock.source = static_cast<ClockSource>(src & 1);
+    d.slow_exit_threshold_ns = r.U64();
+    d.watchdog.stuck_exit_ns = r.U64();
+    d.watchdog.io_age_ns = r.U64();
+    d.watchdog.poll_ns = r.U64();
+    d.watchdog_running = r.U8() != 0;
+    d.process.pid = r.I64();
+    d.process.comm = r.Str(strs);
+    const uint32_t argc = r.U32();
+    if (r.Count(argc, 8, "argv")) {
+      for (uint32_t i = 0; i < argc && r.ok(); ++i) d.process.argv.push_back(r.Str(strs));
+    }
+    d.process.start_realtime_ns = r.U64();
+    for (std::string* s : {&d.host.sysname, &d.host.nodename, &d.host.release, &d.host.version,
+                           &d.host.machine, &d.host.cpu_model}) {
+      *s = r.Str(strs);
+    }
+    d.host.cpus = r.U32();
+    RecorderCounters& c = d.counters;
+    for (uint64_t* v : {&c.bad_vcpu, &c.end_without_begin, &c.begin_without_end, &c.slow_exits,
+                        &c.findings_dropped, &c.io_inflight_overflow, &c.io_untracked_completions,
+                        &c.io_in_flight}) {
+      *v = r.U64();
+    }
+    DeviceEventCounters& e = d.device_event_counters;
+    for (uint64_t* v : {&e.capacity, &e.written, &e.overwritten, &e.dropped, &e.skipped})
+      *v = r.U64();
+    const uint32_t nattr = r.U32();
+    if (r.Count(nattr, 16, "attribute")) {
+      for (uint32_t i = 0; i < nattr && r.ok(); ++i) {
+        std::string k = r.Str(strs);
+        std::string v = r.Str(strs);
+        d.attributes.emplace_back(std::move(k), std::move(v));
+      }
+    }
+    if (!r.ok()) return r.Fail();
+  }
+  {
+    Reader r(sections[kDevices], "devices", section_base[kDevices], origin);
+    const uint32_t n = r.U32();
+    if (r.Count(n, 28, "device")) {
+      for (uint32_t i = 0; i < n && r.ok(); ++i) {
+        DeviceInfo dev;
+        dev.index = r.U32();
+        dev.id = r.U64();
+        dev.name = r.Str(strs);
+        dev.kind = r.Str(strs);
+        if (r.ok() && dev.index != i)
+          r.Bad("device " + std::to_string(i) + " has index " + std::to_string(dev.index));
+        d.devices.push_back(std::move(dev));
+      }
+    }
+    if (!r.ok()) return r.Fail();
+  }
+  {
+    Reader r(sections[kMaps], "maps", section_base[kMaps], origin);
+    const uint32_t n = r.U32();
+    if (r.Count(n, 12, "register map")) {
+      for (uint32_t i = 0; i < n && r.ok(); ++i) {
+        std::string name = r.Str(strs);
+        const uint32_t nregs = r.U32();
+        std::vector<RegisterDef> defs;
+        if (!r.Count(nregs, 44, "register")) break;
+        for (uint32_t k = 0; k < nregs && r.ok(); ++k) {
+          RegisterDef def;
+          def.name = r.Str(strs);
+          def.offset = r.U64();
+          def.width = r.U32();
+          const uint8_t acc = r.U8();
+          def.alias = r.U8() != 0;
+          r.U16();
+          def.count = r.U32();
+          def.stride = r.U64();
+          def.description = r.Str(strs);
+          if (r.ok() && (acc < 1 || acc > 3))
+            r.Bad("register access " + std::to_string(acc) + " is unknown");
+          def.access = static_cast<RegAccess>(acc);
+          defs.push_back(std::move(def));
+        }
+        if (!r.ok()) break;
+        auto m = RegisterMap::Create(name, std::move(defs));
+        if (!m) {
+          r.Bad("register map " + std::to_string(i) + ": " + m.error().message);
+          break;
+        }
+        d.maps.push_back(std::move(*m));
+      }
+    }
+    if (!r.ok()) return r.Fail();
+  }
+  {
+    Reader r(sections[kRanges], "ranges", section_base[kRanges], origin);
+    const uint32_t n = r.U32();
+    if (r.Count(n, 28, "range")) {
+      for (uint32_t i = 0; i < n && r.ok(); ++i) {
+        DumpRange rg;
+        const uint8_t space = r.U8();
+        r.U8();
+        r.U16();
+        rg.device = r.U32();
+        rg.base = r.U64();
+        rg.size = r.U64();
+        rg.map = r.U32();
+        if (!r.ok()) break;
+        if (space > 1) r.Bad("range space " + std::to_string(space) + " is unknown");
+        if (rg.device >= d.devices.size())
+          r.Bad("range " + std::to_string(i) + " names device " + std::to_string(rg.device) +
+                " of " + std::to_string(d.devices.size()));
+        if (rg.map != kNoRegister && rg.map >= d.maps.size())
+          r.Bad("range " + std::to_string(i) + " names register map " + std::to_string(rg.map));
+        rg.space = static_cast<IoSpace>(space & 1);
+        d.ranges.push_back(rg);
+      }
+    }
+    if (!r.ok()) return r.Fail();
+  }
+  auto check_exit = [&](Reader& r, const DumpExit& e) {
+    if (e.device != kUnassigned && e.device >= d.devices.size()) {
+      r.Bad("exit names device " + std::to_string(e.device) + " of " +
+            std::to_string(d.devices.size()));
+      return false;
+    }
+    if (!d.includes_guest_data && (e.value != 0 || (e.flags & kExitFlagValue) != 0)) {
+      r.Bad("exit carries guest data but the dump says it holds none");
+      return false;
+    }
+    return true;
+  };
+  {
+    Reader v(sections[kVcpus], "vcpus", section_base[kVcpus], origin);
+    Reader x(sections[kExits], "exits", section_base[kExits], origin);
+    const uint64_t total = x.U64();
+    if (!x.Count(total, kExitRecordSize, "exit")) return x.Fail();
+    const uint32_t n = v.U32();
+    uint64_t consumed = 0;
+    if (v.Count(n, 45, "vcpu")) {
+      for (uint32_t i = 0; i < n && v.ok() && x.ok(); ++i) {
+        DumpVcpu c;
+        c.vcpu = v.U32();
+        c.counters.capacity = v.U64();
+        c.counters.written = v.U64();
+        c.counters.overwritten = v.U64();
+        c.counters.skipped = v.U64();
+        const uint64_t count = v.U64();
+        const uint8_t has = v.U8();
+        if (!v.ok()) break;
+        if (has > 1) {
+          v.Bad("in-progress flag " + std::to_string(has) + " is not 0 or 1");
+          break;
+        }
+        if (has == 1) {
+          DumpExit e;
+          if (!ReadExit(v, &e) || !check_exit(v, e)) break;
+          c.in_progress = e;
+        }
+        const uint32_t nc = v.U32();
+        if (!v.Count(nc, 16, "counter")) break;
+        for (uint32_t k = 0; k < nc && v.ok(); ++k) {
+          std::string name = v.Str(strs);
+          const uint64_t val = v.U64();
+          c.named_counters[std::move(name)] = val;
+        }
+        if (count > total - consumed) {
+          v.Bad("vCPU " + std::to_string(c.vcpu) + " claims " + std::to_string(count) +
+                " exits; the exits section has " + std::to_string(total - consumed) + " left");
+          break;
+        }
+        consumed += count;
+        c.exits.reserve(count);
+        for (uint64_t k = 0; k < count && x.ok(); ++k) {
+          DumpExit e;
+          if (!ReadExit(x, &e) || !check_exit(x, e)) break;
+          c.exits.push_back(e);
+        }
+        d.vcpus.push_back(std::move(c));
+      }
+    }
+    if (!v.ok()) return v.Fail();
+    if (!x.ok()) return x.Fail();
+    if (consumed != total) {
+      return corrupt("section 'exits' holds " + std::to_string(total) +
+                     " exits but the vCPUs account for " + std::to_string(consumed));
+    }
+  }
+  {
+    Reader r(sections[kDeviceEvents], "device_events", section_base[kDeviceEvents], origin);
+    const uint32_t n = r.U32();
+    if (r.Count(n, 40, "device event")) {
+      for (uint32_t i = 0; i < n && r.ok(); ++i) {
+        DumpDeviceEvent e;
+        e.time_ns = r.U64();
+        const uint8_t type = r.U8();
+        e.note_truncated = r.U8() != 0;
+        r.U16();
+        e.device = r.U32();
+        e.io_id = r.U64();
+        e.status = r.I64();
+        e.note = r.Str(strs);
+        if (!r.ok()) break;
+        if (type > static_cast<uint8_t>(DeviceEventType::kNote))
+          r.Bad("device event type " + std::to_string(type) + " is unknown");
+        e.type = static_cast<DeviceEventType>(type);
+        d.device_events.push_back(std::move(e));
+      }
+    }
+    if (!r.ok()) return r.Fail();
+  }
+  {
+    Reader r(sections[kFindings], "findings", section_base[kFindings], origin);
+    const uint32_t n = r.U32();
+    if (r.Count(n, 64, "finding")) {
+      for (uint32_t i = 0; i < n && r.ok(); ++i) {
+        FindingRecord f;
+        f.time_ns = r.U64();
+        const uint8_t type = r.U8();
+        const uint8_t kind = r.U8();
+        const uint8_t dir = r.U8();
+        f.size = r.U8();
+        f.vcpu = r.U32();
+        f.duration_ns = r.U64();
+        f.addr = r.U64();
+        f.device = r.U32();
+        f.reg = r.U32();
+        f.reg_element = r.U32();
+        f.reg_delta = r.U32();
+        f.io_id = r.U64();
+        f.text = r.Str(strs);
+        if (!r.ok()) break;
+        if (type > static_cast<uint8_t>(FindingType::kSlowExit))
+          r.Bad("finding type " + std::to_string(type) + " is unknown");
+        if (kind >= kExitKindCount)
+          r.Bad("finding exit kind " + std::to_string(kind) + " is unknown");
+        if (dir > 2) r.Bad("finding direction " + std::to_string(dir) + " is unknown");
+        f.type = static_cast<FindingType>(type);
+        f.kind = static_cast<ExitKind>(kind);
+        f.dir = static_cast<AccessDir>(dir);
+        d.findings.push_back(std::move(f));
+      }
+    }
+    if (!r.ok()) return r.Fail();
+  }
+  return d;
+}
+
+Status WriteDumpFile(const Dump& dump, const std::string& path, const DumpOptions& opts) {
+  const std::string bytes = SerializeDump(dump, opts);
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+  if (fd < 0) return Fail(ErrorCode::kIo, path + ": cannot create: " + std::strerror(errno));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      close(fd);
+      unlink(tmp.c_str());
+      return Fail(ErrorCode::kIo, path + ": write failed: " + std::strerror(err));
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (fsync(fd) != 0 && errno != EINVAL) {
+    const int err = errno;
+    close(fd);
+    unlink(tmp.c_str());
+    return Fail(ErrorCode::kIo, path + ": fsync failed: " + std::strerror(err));
+  }
+  close(fd);
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    unlink(tmp.c_str());
+    return Fail(ErrorCode::kIo, path + ": rename failed: " + std::strerror(err));
+  }
+  return {};
+}
+
+Result<Dump> ReadDump(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Fail(ErrorCode::kIo, path + ": cannot open: " + std::strerror(errno));
+  std::string bytes;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      close(fd);
+      return Fail(ErrorCode::kIo, path + ": read failed: " + std::strerror(err));
+    }
+    if (n == 0) break;
+    bytes.append(buf, static_cast<size_t>(n));
+    if (bytes.size() > (4ull << 30)) {
+      close(fd);
+      return Fail(ErrorCode::kCorrupt,
+                  path + ": larger than 4 GiB; not a dump this exitscope wrote");
+    }
+  }
+  close(fd);
+  return ParseDump(bytes, path);
+}
+
+}  // namespace exitscope

@@ -1,0 +1,222 @@
+// ExitRing, FlightRecorder, DeviceEventRing and InflightIoTable: the lock-free stores.
+#include <algorithm>
+
+#include "exitscope/device_events.h"
+#include "exitscope/flight_recorder.h"
+#include "exitscope/watchdog.h"
+
+namespace exitscope {
+namespace {
+
+uint64_t RoundUpPow2(uint64_t v, uint64_t min) {
+  v = std::max(v, min);
+  uint64_t p = 1;
+  while (p < v && p < (1ull << 62)) p <<= 1;
+  return p;
+}
+
+// Copies slot `n` of a seqlocked ring; false when torn or not record n.
+template <typename Slot, typename Record, int kWords>
+bool ReadSlot(const Slot& s, uint64_t n, Record* out) {
+  const uint64_t s1 = s.seq.load(std::memory_order_acquire);
+  if (s1 != 2 * n + 2) return false;
+  uint64_t w[kWords];
+  for (int i = 0; i < kWords; ++i) w[i] = s.words[i].load(std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (s.seq.load(std::memory_order_relaxed) != s1) return false;
+  std::memcpy(static_cast<void*>(out), w, sizeof(Record));
+  return true;
+}
+
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+// ---- ExitRing ----------------------------------------------------------------------------
+
+ExitRing::ExitRing(uint64_t capacity)
+    : mask_(RoundUpPow2(capacity, 2) - 1), slots_(new Slot[mask_ + 1]) {
+  for (uint64_t i = 0; i <= mask_; ++i) {
+    for (auto& w : slots_[i].words) w.store(0, std::memory_order_relaxed);
+  }
+}
+
+uint64_t ExitRing::SnapshotNewest(uint64_t max, std::vector<ExitRecord>* out) const {
+  const uint64_t head = head_.load(std::memory_order_acquire);
+  const uint64_t cap = mask_ + 1;
+  uint64_t first = head > cap ? head - cap : 0;
+  if (max != 0 && head - first > max) first = head - max;
+  out->reserve(out->size() + (head - first));
+  uint64_t skipped = 0;
+  for (uint64_t n = first; n < head; ++n) {
+    ExitRecord r;
+    if (ReadSlot<Slot, ExitRecord, kWords>(slots_[n & mask_], n, &r)) {
+      out->push_back(r);
+    } else {
+      ++skipped;
+    }
+  }
+  if (skipped != 0) skipped_.fetch_add(skipped, std::memory_order_relaxed);
+  return skipped;
+}
+
+uint64_t ExitRing::Snapshot(std::vector<ExitRecord>* out) const {
+  return SnapshotNewest(0, out);
+}
+
+RingCounters ExitRing::counters() const noexcept {
+  RingCounters c;
+  c.capacity = mask_ + 1;
+  c.written = head_.load(std::memory_order_acquire);
+  c.overwritten = c.written > c.capacity ? c.written - c.capacity : 0;
+  c.skipped = skipped_.load(std::memory_order_relaxed);
+  return c;
+}
+
+FlightRecorder::FlightRecorder(uint32_t num_vcpus, uint64_t events_per_vcpu) {
+  rings_.reserve(num_vcpus);
+  for (uint32_t i = 0; i < num_vcpus; ++i)
+    rings_.push_back(std::make_unique<ExitRing>(events_per_vcpu));
+}
+
+// ---- DeviceEventRing ---------------------------------------------------------------------
+
+std::string_view ToString(DeviceEventType t) noexcept {
+  switch (t) {
+    case DeviceEventType::kIoSubmit:
+      return "io-submit";
+    case DeviceEventType::kIoComplete:
+      return "io-complete";
+    case DeviceEventType::kQueueFull:
+      return "queue-full";
+    case DeviceEventType::kBackendError:
+      return "backend-error";
+    case DeviceEventType::kNote:
+      return "note";
+  }
+  return "unknown";
+}
+
+DeviceEventRing::DeviceEventRing(uint64_t capacity)
+    : mask_(RoundUpPow2(capacity, 2) - 1), slots_(new Slot[mask_ + 1]) {
+  for (uint64_t i = 0; i <= mask_; ++i) {
+    for (auto& w : slots_[i].words) w.store(0, std::memory_order_relaxed);
+  }
+}
+
+uint64_t DeviceEventRing::Snapshot(std::vector<DeviceEventRecord>* out) const {
+  const uint64_t head = head_.load(std::memory_order_acquire);
+  const uint64_t cap = mask_ + 1;
+  const uint64_t first = head > cap ? head - cap : 0;
+  uint64_t skipped = 0;
+  for (uint64_t n = first; n < head; ++n) {
+    DeviceEventRecord r;
+    if (ReadSlot<Slot, DeviceEventRecord, kWords>(slots_[n & mask_], n, &r)) {
+      out->push_back(r);
+    } else {
+      ++skipped;
+    }
+  }
+  if (skipped != 0) skipped_.fetch_add(skipped, std::memory_order_relaxed);
+  return skipped;
+}
+
+DeviceEventCounters DeviceEventRing::counters() const noexcept {
+  DeviceEventCounters c;
+  c.capacity = mask_ + 1;
+  c.written = head_.load(std::memory_order_acquire);
+  c.overwritten = c.written > c.capacity ? c.written - c.capacity : 0;
+  c.dropped = dropped_.load(std::memory_order_relaxed);
+  c.skipped = skipped_.load(std::memory_order_relaxed);
+  return c;
+}
+
+// ---- InflightIoTable ---------------------------------------------------------------------
+
+std::string_view ToString(FindingType t) noexcept {
+  switch (t) {
+    case FindingType::kStuckExitBegin:
+      return "stuck-exit";
+    case FindingType::kStuckExitEnd:
+      return "stuck-exit-end";
+    case FindingType::kAgedIo:
+      return "aged-io";
+    case FindingType::kSlowExit:
+      return "slow-exit";
+  }
+  return "unknown";
+}
+
+InflightIoTable::InflightIoTable(uint32_t capacity)
+    : mask_(static_cast<uint32_t>(RoundUpPow2(capacity, kProbe) - 1)),
+      slots_(new Slot[mask_ + 1]) {}
+
+void InflightIoTable::Submit(uint32_t device, uint64_t io_id, uint64_t now_ticks) noexcept {
+  const uint64_t h = Mix(io_id ^ (static_cast<uint64_t>(device) << 40) ^ device);
+  for (int i = 0; i < kProbe; ++i) {
+    Slot& s = slots_[(h + static_cast<uint64_t>(i)) & mask_];
+    uint32_t expected = 0;
+    if (s.state.load(std::memory_order_relaxed) != 0) continue;
+    if (!s.state.compare_exchange_strong(expected, 1, std::memory_order_acquire)) continue;
+    s.device.store(device, std::memory_order_relaxed);
+    s.io_id.store(io_id, std::memory_order_relaxed);
+    s.start.store(now_ticks, std::memory_order_relaxed);
+    s.state.store(2, std::memory_order_release);
+    return;
+  }
+  overflow_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void InflightIoTable::Complete(uint32_t device, uint64_t io_id) noexcept {
+  const uint64_t h = Mix(io_id ^ (static_cast<uint64_t>(device) << 40) ^ device);
+  for (int i = 0; i < kProbe; ++i) {
+    Slot& s = slots_[(h + static_cast<uint64_t>(i)) & mask_];
+    uint32_t st = s.state.load(std::memory_order_acquire);
+    while (st == 2 || st == 3) {
+      if (s.device.load(std::memory_order_relaxed) != device ||
+          s.io_id.load(std::memory_order_relaxed) != io_id) {
+        break;
+      }
+      if (s.state.compare_exchange_weak(st, 0, std::memory_order_acq_rel)) return;
+    }
+  }
+  untracked_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void InflightIoTable::CollectAged(uint64_t older_than_ticks, std::vector<Entry>* out) noexcept {
+  for (uint32_t i = 0; i <= mask_; ++i) {
+    Slot& s = slots_[i];
+    uint32_t st = s.state.load(std::memory_order_acquire);
+    if (st != 2) continue;
+    if (s.start.load(std::memory_order_relaxed) > older_than_ticks) continue;
+    if (!s.state.compare_exchange_strong(st, 3, std::memory_order_acq_rel)) continue;
+    Entry e{s.device.load(std::memory_order_relaxed), s.io_id.load(std::memory_order_relaxed),
+            s.start.load(std::memory_order_relaxed), i};
+    if (e.start_ticks > older_than_ticks) {  // slot reused between the checks: not aged
+      uint32_t three = 3;
+      s.state.compare_exchange_strong(three, 2, std::memory_order_acq_rel);
+      continue;
+    }
+    try {
+      out->push_back(e);
+    } catch (...) {
+      return;
+    }
+  }
+}
+
+uint64_t InflightIoTable::in_flight() const noexcept {
+  uint64_t n = 0;
+  for (uint32_t i = 0; i <= mask_; ++i) {
+    const uint32_t st = slots_[i].state.load(std::memory_order_relaxed);
+    n += (st == 2 || st == 3) ? 1 : 0;
+  }
+  return n;
+}
+
+}  // namespace exitscope

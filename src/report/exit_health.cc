@@ -1,0 +1,228 @@
+#include "report/exit_health.h"
+
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "report/format.h"
+
+namespace exitscope::report {
+namespace {
+
+using analysis::ExitGroup;
+using analysis::ExitSummary;
+using analysis::LatencyStats;
+
+// Time of `ns` relative to the start of the recording, "+12.345678 s".
+std::string Rel(uint64_t ns, uint64_t origin) {
+  if (ns < origin) return fmt::format("-{:.6f} s", (origin - ns) / 1e9);
+  return fmt::format("+{:.6f} s", (ns - origin) / 1e9);
+}
+
+void GroupTable(std::string& out, const char* title, const char* key_name,
+                const std::vector<ExitGroup>& groups, double span_s, size_t max_rows) {
+  if (groups.empty()) return;
+  size_t w = std::string_view(key_name).size();
+  for (const ExitGroup& g : groups) w = std::max(w, g.key.size());
+  w = std::min<size_t>(w, 48);
+  out += fmt::format("\n{}\n", title);
+  out += fmt::format("  {:<{}} {:>10} {:>10} {:>11} {:>10} {:>10} {:>10} {:>10} {:>10}\n", key_name,
+                     w, "count", "rate/s", "total", "min", "p50", "p99", "p99.9", "max");
+  size_t shown = 0;
+  for (const ExitGroup& g : groups) {
+    if (max_rows && shown == max_rows) {
+      out += fmt::format("  ... {} more (--format json lists all)\n", groups.size() - shown);
+      break;
+    }
+    ++shown;
+    const LatencyStats& s = g.stats;
+    const std::string rate = span_s > 0 ? fmt::format("{:.1f}", s.count() / span_s) : "-";
+    out += fmt::format("  {:<{}} {:>10} {:>10} {:>11} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
+                       g.key, w, s.count(), rate, FormatDuration(s.sum()),
+                       FormatDuration(s.min()), FormatDuration(s.Quantile(0.5)),
+                       FormatDuration(s.Quantile(0.99)), FormatDuration(s.Quantile(0.999)),
+                       FormatDuration(s.max()));
+  }
+}
+
+std::string FindingLine(const analysis::FindingWithContext& f) {
+  return f.finding.text.empty() ? std::string(ToString(f.finding.type)) : f.finding.text;
+}
+
+std::string RenderTable(const Dump& d, const ExitSummary& s, const ExitHealthOptions& o) {
+  std::string out;
+  out += fmt::format("exitscope exit-health report: {}\n", o.source.empty() ? "dump" : o.source);
+  out += fmt::format("  process   {} (pid {}) on {} ({} {}, {})\n", d.process.comm, d.process.pid,
+                     d.host.nodename, d.host.sysname, d.host.release, d.host.cpu_model);
+  for (const auto& [k, v] : d.attributes) out += fmt::format("  {:<9} {}\n", k, v);
+  out += fmt::format("  clock     {}{}; slow-exit threshold {}; watchdog {} (stuck {}, I/O age {})\n",
+                     d.clock.source == ClockSource::kTsc ? "TSC" : "CLOCK_MONOTONIC",
+                     d.clock.tsc_hz ? fmt::format(" at {:.3f} MHz", d.clock.tsc_hz / 1e6) : "",
+                     FormatDuration(d.slow_exit_threshold_ns),
+                     d.watchdog_running ? "on" : "off", FormatDuration(d.watchdog.stuck_exit_ns),
+                     FormatDuration(d.watchdog.io_age_ns));
+  out += fmt::format("  guest data {}\n", d.includes_guest_data ? "INCLUDED" : "not included");
+  if (o.filter.vcpu || o.filter.device) {
+    out += "  filter   ";
+    if (o.filter.vcpu) out += fmt::format(" vCPU {}", *o.filter.vcpu);
+    if (o.filter.device) out += fmt::format(" device {}", *o.filter.device);
+    out += "\n";
+  }
+  out += fmt::format("\n{} exits over {:.3f} s, {} inside exits ({} per exit on average)\n",
+                     s.exits, s.span_s(), FormatDuration(s.total_ns),
+                     FormatDuration(s.exits ? s.total_ns / s.exits : 0));
+
+  const double span = s.span_s();
+  GroupTable(out, "Exits by kind", "kind", s.by_kind, span, o.max_rows);
+  GroupTable(out, "Exits by device", "device", s.by_device, span, o.max_rows);
+  GroupTable(out, "Exits by register", "register", s.by_register, span, o.max_rows);
+  GroupTable(out, "Exits by vCPU", "vCPU", s.by_vcpu, span, o.max_rows);
+
+  out += fmt::format("\nSlow exits (>= {}): {}\n", FormatDuration(d.slow_exit_threshold_ns),
+                     s.slow.size());
+  size_t n = 0;
+  for (const auto& e : s.slow) {
+    if (o.max_notable && n++ == o.max_notable) {
+      out += fmt::format("  ... {} more\n", s.slow.size() - o.max_notable);
+      break;
+    }
+    out += fmt::format("  {}  vCPU {}: {} {} {}{}\n", Rel(e.exit.start_ns, s.first_ns), e.exit.vcpu,
+                       e.description, e.in_progress ? "in progress for" : "took",
+                       FormatDuration(e.exit.duration_ns),
+                       (e.exit.flags & kExitFlagStalled) ? " (watchdog saw it stuck)" : "");
+  }
+
+  out += fmt::format("\nWatchdog findings: {}\n", s.findings.size());
+  n = 0;
+  for (const auto& f : s.findings) {
+    if (o.max_notable && n++ == o.max_notable) {
+      out += fmt::format("  ... {} more\n", s.findings.size() - o.max_notable);
+      break;
+    }
+    out += fmt::format("  {}  {}\n", Rel(f.finding.time_ns, s.first_ns), FindingLine(f));
+    for (const auto& io : f.in_flight)
+      out += fmt::format("      in flight: {} io {} for {}\n", io.device_name, io.io_id,
+                         FormatDuration(io.age_ns));
+  }
+
+  if (!s.vcpu_counters.empty()) {
+    out += "\nPer-vCPU counters from the VMM (summed; kvm.* are KVM binary stats: exits the kernel handled too)\n";
+    for (const auto& [k, v] : s.vcpu_counters) out += fmt::format("  {:<32} {:>14}\n", k, v);
+  }
+
+  const auto& l = s.losses;
+  out += fmt::format(
+      "\nRecords: {} exits written, {} overwritten (ring full), {} skipped (torn); device events: "
+      "{} written, {} overwritten, {} dropped, {} skipped; findings dropped {}\n",
+      l.exits_written, l.exits_overwritten, l.exits_skipped, l.device_events_written,
+      l.device_events_overwritten, l.device_events_dropped, l.device_events_skipped,
+      l.findings_dropped);
+  if (l.bad_vcpu || l.end_without_begin || l.begin_without_end || l.io_inflight_overflow)
+    out += fmt::format("API misuse: bad vCPU {}, end without begin {}, begin without end {}, "
+                       "in-flight I/O table overflow {}\n",
+                       l.bad_vcpu, l.end_without_begin, l.begin_without_end,
+                       l.io_inflight_overflow);
+  return out;
+}
+
+nlohmann::json StatsJson(const LatencyStats& s) {
+  return {{"count", s.count()},         {"total_ns", s.sum()},
+          {"min_ns", s.min()},          {"p50_ns", s.Quantile(0.5)},
+          {"p99_ns", s.Quantile(0.99)}, {"p999_ns", s.Quantile(0.999)},
+          {"max_ns", s.max()},          {"mean_ns", s.mean()}};
+}
+
+nlohmann::json GroupsJson(const std::vector<ExitGroup>& groups) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const auto& g : groups) {
+    nlohmann::json j = StatsJson(g.stats);
+    j["key"] = g.key;
+    a.push_back(std::move(j));
+  }
+  return a;
+}
+
+std::string RenderJson(const Dump& d, const ExitSummary& s, const ExitHealthOptions& o) {
+  nlohmann::json j;
+  j["schema"] = "exitscope.exit-health.v1";
+  j["source"] = o.source;
+  j["process"] = {{"pid", d.process.pid}, {"comm", d.process.comm}, {"argv", d.process.argv}};
+  j["host"] = {{"nodename", d.host.nodename}, {"release", d.host.release},
+               {"cpu_model", d.host.cpu_model}, {"cpus", d.host.cpus}};
+  j["attributes"] = nlohmann::json::object();
+  for (const auto& [k, v] : d.attributes) j["attributes"][k] = v;
+  j["clock"] = {{"source", d.clock.source == ClockSource::kTsc ? "tsc" : "monotonic"},
+                {"tsc_hz", d.clock.tsc_hz}};
+  j["includes_guest_data"] = d.includes_guest_data;
+  j["slow_exit_threshold_ns"] = d.slow_exit_threshold_ns;
+  j["filter"] = {{"vcpu", o.filter.vcpu ? nlohmann::json(*o.filter.vcpu) : nlohmann::json()},
+                 {"device", o.filter.device ? nlohmann::json(*o.filter.device) : nlohmann::json()}};
+  j["exits"] = s.exits;
+  j["span_ns"] = s.last_ns - s.first_ns;
+  j["all"] = StatsJson(s.all);
+  j["by_kind"] = GroupsJson(s.by_kind);
+  j["by_device"] = GroupsJson(s.by_device);
+  j["by_register"] = GroupsJson(s.by_register);
+  j["by_vcpu"] = GroupsJson(s.by_vcpu);
+  j["slow_exits"] = nlohmann::json::array();
+  for (const auto& e : s.slow) {
+    j["slow_exits"].push_back({{"start_ns", e.exit.start_ns},
+                               {"duration_ns", e.exit.duration_ns},
+                               {"vcpu", e.exit.vcpu},
+                               {"kind", ToString(e.exit.kind)},
+                               {"dir", ToString(e.exit.dir)},
+                               {"size", e.exit.size},
+                               {"addr", e.exit.addr},
+                               {"target", analysis::ExitTarget(d, e.exit)},
+                               {"description", e.description},
+                               {"stalled", (e.exit.flags & kExitFlagStalled) != 0},
+                               {"in_progress", e.in_progress}});
+  }
+  j["findings"] = nlohmann::json::array();
+  for (const auto& f : s.findings) {
+    nlohmann::json in_flight = nlohmann::json::array();
+    for (const auto& io : f.in_flight)
+      in_flight.push_back({{"device", io.device_name}, {"io_id", io.io_id},
+                           {"submitted_ns", io.submitted_ns}, {"age_ns", io.age_ns}});
+    j["findings"].push_back({{"time_ns", f.finding.time_ns},
+                             {"type", ToString(f.finding.type)},
+                             {"vcpu", f.finding.vcpu},
+                             {"duration_ns", f.finding.duration_ns},
+                             {"device", f.device_name},
+                             {"io_id", f.finding.io_id},
+                             {"text", f.finding.text},
+                             {"in_flight", std::move(in_flight)}});
+  }
+  j["vcpu_counters"] = nlohmann::json::object();
+  for (const auto& [k, v] : s.vcpu_counters) j["vcpu_counters"][k] = v;
+  const auto& l = s.losses;
+  j["losses"] = {{"exits_written", l.exits_written},
+                 {"exits_overwritten", l.exits_overwritten},
+                 {"exits_skipped", l.exits_skipped},
+                 {"device_events_written", l.device_events_written},
+                 {"device_events_overwritten", l.device_events_overwritten},
+                 {"device_events_dropped", l.device_events_dropped},
+                 {"device_events_skipped", l.device_events_skipped},
+                 {"findings_dropped", l.findings_dropped},
+                 {"bad_vcpu", l.bad_vcpu},
+                 {"end_without_begin", l.end_without_begin},
+                 {"begin_without_end", l.begin_without_end},
+                 {"io_inflight_overflow", l.io_inflight_overflow}};
+  return j.dump(2) + "\n";
+}
+
+}  // namespace
+
+std::string ExitHealthReport(const Dump& dump, const ExitHealthOptions& options) {
+  const ExitSummary s = analysis::Summarize(dump, options.filter);
+  return options.format == OutputFormat::kJson ? RenderJson(dump, s, options)
+                                               : RenderTable(dump, s, options);
+}
+
+void WriteExitHealthReport(const Dump& dump, const ExitHealthOptions& options, std::FILE* out) {
+  const std::string s = ExitHealthReport(dump, options);
+  std::fwrite(s.data(), 1, s.size(), out);
+  std::fflush(out);
+}
+
+}  // namespace exitscope::report

@@ -1,0 +1,334 @@
+#include "report/kvm_report.h"
+
+#include <algorithm>
+#include <bit>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "report/format.h"
+#include "sources/kvm_trace.h"
+
+namespace exitscope::report {
+namespace {
+
+using analysis::KvmAnalysis;
+using analysis::KvmGroup;
+using analysis::KvmRow;
+using analysis::LatencyHistogram;
+
+constexpr int kDecodeWidth = 20;  // perf's decode_str_len
+
+double Us(uint64_t ns) { return static_cast<double>(ns) / 1e3; }
+double Pct(uint64_t part, uint64_t whole) {
+  return whole ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0;
+}
+
+std::string ScopeLine(const KvmReportContext& ctx, int64_t vm, int64_t vcpu) {
+  std::string s = "Analyze events for ";
+  if (vm >= 0) s += fmt::format("VM {}, ", vm);
+  else if (ctx.pid >= 0) s += fmt::format("pid(s) {}, ", ctx.pid);
+  else s += "all VMs, ";
+  const int64_t v = vcpu >= 0 ? vcpu : ctx.vcpu;
+  if (v >= 0) s += fmt::format("VCPU {}:", v);
+  else s += "all VCPUs:";
+  return s;
+}
+
+void AppendTable(std::string& out, const KvmAnalysis& a, const KvmGroup& g,
+                 const KvmReportContext& ctx, const KvmRenderOptions& opts) {
+  const auto rows = analysis::SortedRows(g, opts.sort);
+  bool any_name = false;
+  for (const KvmRow* r : rows) any_name |= !r->name.empty();
+
+  out += "\n\n";
+  out += ScopeLine(ctx, g.vm, g.vcpu);
+  out += "\n\n";
+  out += fmt::format("{:>{}} ", analysis::KvmEventTitle(a.event), kDecodeWidth);
+  out += fmt::format("{:>10} {:>9} {:>9} {:>11} {:>11} {:>16} ", "Samples", "Samples%", "Time%",
+                     "Min Time", "Max Time", "Avg time");
+  if (opts.percentiles) out += fmt::format("  {:>11} {:>11} {:>11} ", "p50", "p99", "p99.9");
+  if (any_name) out += " Name";
+  out += "\n\n";
+  for (const KvmRow* r : rows) {
+    const auto& s = r->stats;
+    out += fmt::format("{:>{}} ", r->key, kDecodeWidth);
+    out += fmt::format("{:>10} ", s.count());
+    out += fmt::format("{:8.2f}% ", Pct(s.count(), g.samples));
+    out += fmt::format("{:8.2f}% ", Pct(s.sum(), g.time_ns));
+    out += fmt::format("{:9.2f}us ", Us(s.min()));
+    out += fmt::format("{:9.2f}us ", Us(s.max()));
+    out += fmt::format("{:9.2f}us ( +-{:7.2f}% )", s.mean() / 1e3, s.RelStdErrPercent());
+    if (opts.percentiles) {
+      out += fmt::format("  {:9.2f}us {:9.2f}us {:9.2f}us", Us(s.Quantile(0.5)),
+                         Us(s.Quantile(0.99)), Us(s.Quantile(0.999)));
+    }
+    if (!r->name.empty()) out += fmt::format("  {}", r->name);
+    out += "\n";
+  }
+  out += fmt::format("\nTotal Samples:{}, Total events handled time:{:.2f}us.\n", g.samples,
+                     Us(g.time_ns));
+  if (opts.histogram) {
+    for (const KvmRow* r : rows) {
+      out += "\n";
+      out += RenderKvmHistogram(*r);
+    }
+  }
+}
+
+void AppendFooter(std::string& out, const KvmAnalysis& a, const KvmReportContext& ctx,
+                  const KvmRenderOptions& opts) {
+  out += "\nNote: \"+-\" is the standard error of the mean relative to the mean (as perf kvm "
+         "stat prints it), not the spread";
+  out += opts.percentiles
+             ? fmt::format("; percentiles come from a log-linear histogram (<= {:.2f}% "
+                           "relative error).\n",
+                           100.0 * LatencyHistogram::kMaxRelativeError)
+             : ".\n";
+  if (ctx.tsc_khz != 0) {
+    out += fmt::format("Clock: {} timestamps converted at {:.3f} MHz{}.\n", ctx.clock,
+                       static_cast<double>(ctx.tsc_khz) / 1e3,
+                       ctx.tsc_khz_from_host ? " (this host's TSC; set --tsc-mhz for the "
+                                               "capture host's)"
+                                             : "");
+  }
+  if (const sources::KvmPairingStats* p = ctx.pairing) {
+    out += fmt::format(
+        "Input: {} ({}), {} records, {} exits paired ({} kvm_exit->kvm_entry, {} reached "
+        "userspace).\n",
+        ctx.input, ctx.format, p->records_total, p->exits, p->kernel_exits, p->userspace_exits);
+    out += fmt::format(
+        "Not paired: {} exits without an end, {} entries without an exit, {} child records "
+        "outside any exit; lost: {} records in {} overruns{}.\n",
+        p->unpaired_exits, p->entries_without_exit, p->children_outside_exit, p->lost_events,
+        p->lost_markers,
+        ctx.lost_at_record ? fmt::format(" (+{} overrun while recording)", ctx.lost_at_record)
+                           : std::string());
+    if (p->exits == 0 && p->records[static_cast<size_t>(sources::KvmEventType::kExit)] == 0 &&
+        p->records[static_cast<size_t>(sources::KvmEventType::kUserspaceExit)] == 0) {
+      out += "No kvm_exit or kvm_userspace_exit records: nothing to pair (were kvm events "
+             "enabled?).\n";
+    }
+  }
+  if (a.exits_filtered != 0) {
+    out += fmt::format("{} of {} exits not in --event {} or filtered by --vcpu / -p.\n",
+                       a.exits_filtered, a.exits_seen, analysis::ToString(a.event));
+  }
+}
+
+nlohmann::json RowJson(const KvmRow& r, const KvmGroup& g, const KvmRenderOptions& opts) {
+  const auto& s = r.stats;
+  nlohmann::json j = {
+      {"key", r.key},
+      {"name", r.name},
+      {"samples", s.count()},
+      {"samples_pct", Pct(s.count(), g.samples)},
+      {"time_ns", s.sum()},
+      {"time_pct", Pct(s.sum(), g.time_ns)},
+      {"min_ns", s.min()},
+      {"max_ns", s.max()},
+      {"mean_ns", s.mean()},
+      {"stderr_pct", s.RelStdErrPercent()},
+      {"p50_ns", s.Quantile(0.5)},
+      {"p90_ns", s.Quantile(0.9)},
+      {"p99_ns", s.Quantile(0.99)},
+      {"p999_ns", s.Quantile(0.999)},
+  };
+  if (opts.histogram) {
+    // Power-of-two bins: [le_ns / 2, le_ns) -> count, empty bins omitted.
+    nlohmann::json bins = nlohmann::json::array();
+    const LatencyHistogram& h = s.histogram();
+    uint64_t cur_le = 0, cur = 0;
+    for (size_t b = 0; b < LatencyHistogram::kBuckets; ++b) {
+      const uint64_t c = h.bucket_count(b);
+      if (c == 0) continue;
+      const uint64_t lo = LatencyHistogram::BucketLow(b);
+      const uint64_t le = lo == 0 ? 1 : std::bit_floor(lo) << 1;
+      if (le != cur_le && cur != 0) {
+        bins.push_back({{"le_ns", cur_le}, {"count", cur}});
+        cur = 0;
+      }
+      cur_le = le;
+      cur += c;
+    }
+    if (cur != 0) bins.push_back({{"le_ns", cur_le}, {"count", cur}});
+    j["histogram"] = std::move(bins);
+  }
+  return j;
+}
+
+nlohmann::json GroupJson(const KvmGroup& g, const KvmRenderOptions& opts) {
+  nlohmann::json j;
+  if (g.vm >= 0) j["vm"] = g.vm;
+  if (g.vcpu >= 0) j["vcpu"] = g.vcpu;
+  j["samples"] = g.samples;
+  j["time_ns"] = g.time_ns;
+  nlohmann::json rows = nlohmann::json::array();
+  for (const KvmRow* r : analysis::SortedRows(g, opts.sort)) rows.push_back(RowJson(*r, g, opts));
+  j["rows"] = std::move(rows);
+  return j;
+}
+
+void AppendCsvGroup(std::string& out, std::string_view scope, const KvmGroup& g,
+                    const KvmRenderOptions& opts) {
+  const auto quote = [](std::string_view s) {
+    if (s.find_first_of(",\"\n") == std::string_view::npos) return std::string(s);
+    std::string q = "\"";
+    for (char c : s) {
+      if (c == '"') q += '"';
+      q += c;
+    }
+    return q + "\"";
+  };
+  for (const KvmRow* r : analysis::SortedRows(g, opts.sort)) {
+    const auto& s = r->stats;
+    out += fmt::format("{},{},{},{},{},{},{:.4f},{},{:.4f},{},{},{:.1f},{:.4f},{},{},{}\n", scope,
+                       g.vm >= 0 ? fmt::format("{}", g.vm) : "",
+                       g.vcpu >= 0 ? fmt::format("{}", g.vcpu) : "", quote(r->key),
+                       quote(r->name), s.count(), Pct(s.count(), g.samples), s.sum(),
+                       Pct(s.sum(), g.time_ns), s.min(), s.max(), s.mean(),
+                       s.RelStdErrPercent(), s.Quantile(0.5), s.Quantile(0.99),
+                       s.Quantile(0.999));
+  }
+}
+
+}  // namespace
+
+std::string RenderKvmHistogram(const KvmRow& row, int bar_width) {
+  const LatencyHistogram& h = row.stats.histogram();
+  std::string out = fmt::format("{} ({} samples)\n", row.key, h.count());
+  if (h.count() == 0) return out;
+  // Power-of-two bins covering [min, max].
+  const auto top_bit = [](uint64_t v) { return v == 0 ? 0 : static_cast<int>(std::bit_width(v)) - 1; };
+  const int lo_bit = top_bit(h.min());
+  const int hi_bit = std::max(lo_bit, top_bit(h.max()));
+  std::vector<uint64_t> bins(static_cast<size_t>(hi_bit - lo_bit + 1), 0);
+  for (size_t b = 0; b < LatencyHistogram::kBuckets; ++b) {
+    const uint64_t c = h.bucket_count(b);
+    if (c == 0) continue;
+    const uint64_t v = LatencyHistogram::BucketLow(b);
+    const int bit = top_bit(v);
+    const int idx = std::clamp(bit, lo_bit, hi_bit) - lo_bit;
+    bins[static_cast<size_t>(idx)] += c;
+  }
+  const uint64_t peak = *std::max_element(bins.begin(), bins.end());
+  for (size_t i = 0; i < bins.size(); ++i) {
+    const int bit = lo_bit + static_cast<int>(i);
+    const uint64_t from = bit == 0 && lo_bit == 0 ? 0 : uint64_t{1} << bit;
+    const uint64_t to = uint64_t{1} << (bit + 1);
+    const int len = peak ? static_cast<int>((bins[i] * static_cast<uint64_t>(bar_width) +
+                                             peak - 1) / peak)
+                         : 0;
+    out += fmt::format("  {:>10} - {:<10} |{:<{}}| {:>10} {:6.2f}%\n", FormatDuration(from),
+                       FormatDuration(to), std::string(static_cast<size_t>(len), '#'),
+                       bar_width, bins[i], Pct(bins[i], h.count()));
+  }
+  return out;
+}
+
+std::string RenderKvmTable(const KvmAnalysis& a, const KvmReportContext& ctx,
+                           const KvmRenderOptions& opts) {
+  std::string out;
+  AppendTable(out, a, a.all, ctx, opts);
+  if (opts.per_vm) {
+    for (const auto& g : a.per_vm) AppendTable(out, a, *g, ctx, opts);
+  }
+  if (opts.per_vcpu) {
+    for (const auto& g : a.per_vcpu) AppendTable(out, a, *g, ctx, opts);
+  }
+  AppendFooter(out, a, ctx, opts);
+  return out;
+}
+
+std::string RenderKvmJson(const KvmAnalysis& a, const KvmReportContext& ctx,
+                          const KvmRenderOptions& opts) {
+  nlohmann::json j;
+  j["schema"] = 1;
+  j["tool"] = "exitscope kvm report";
+  j["input"] = {{"file", ctx.input},
+                {"format", ctx.format},
+                {"clock", ctx.clock},
+                {"tsc_khz", ctx.tsc_khz},
+                {"tsc_khz_from_host", ctx.tsc_khz_from_host}};
+  j["event"] = analysis::ToString(a.event);
+  j["filters"] = {{"pid", ctx.pid >= 0 ? nlohmann::json(ctx.pid) : nlohmann::json(nullptr)},
+                  {"vcpu", ctx.vcpu >= 0 ? nlohmann::json(ctx.vcpu) : nlohmann::json(nullptr)}};
+  j["all"] = GroupJson(a.all, opts);
+  if (opts.per_vm) {
+    nlohmann::json arr = nlohmann::json::array();
+    for (const auto& g : a.per_vm) arr.push_back(GroupJson(*g, opts));
+    j["per_vm"] = std::move(arr);
+  }
+  if (opts.per_vcpu) {
+    nlohmann::json arr = nlohmann::json::array();
+    for (const auto& g : a.per_vcpu) arr.push_back(GroupJson(*g, opts));
+    j["per_vcpu"] = std::move(arr);
+  }
+  j["exits_seen"] = a.exits_seen;
+  j["exits_filtered"] = a.exits_filtered;
+  j["slow_exit_count"] = a.slow_exits;
+  if (ctx.slow_exits != nullptr) {
+    nlohmann::json arr = nlohmann::json::array();
+    for (const KvmSlowExit& e : *ctx.slow_exits) {
+      arr.push_back({{"start_ns", e.start_ns},
+                     {"duration_ns", e.duration_ns},
+                     {"vm", e.vm},
+                     {"vcpu", e.vcpu},
+                     {"tid", e.tid},
+                     {"reason", e.reason},
+                     {"key", e.key},
+                     {"device", e.device},
+                     {"register", e.reg}});
+    }
+    j["slow_exits"] = std::move(arr);
+  }
+  if (const sources::KvmPairingStats* p = ctx.pairing) {
+    nlohmann::json rec = nlohmann::json::object();
+    for (size_t i = 0; i < sources::kKvmEventTypeCount; ++i) {
+      rec[std::string(sources::KvmEventName(static_cast<sources::KvmEventType>(i)))] =
+          p->records[i];
+    }
+    j["pairing"] = {{"records", std::move(rec)},
+                    {"records_total", p->records_total},
+                    {"exits", p->exits},
+                    {"kernel_exits", p->kernel_exits},
+                    {"userspace_exits", p->userspace_exits},
+                    {"unpaired_exits", p->unpaired_exits},
+                    {"entries_without_exit", p->entries_without_exit},
+                    {"children_outside_exit", p->children_outside_exit},
+                    {"completions", p->completions},
+                    {"failed_vmentry", p->failed_vmentry},
+                    {"lost_events", p->lost_events},
+                    {"lost_markers", p->lost_markers},
+                    {"lost_at_record", ctx.lost_at_record}};
+  }
+  return j.dump(2) + "\n";
+}
+
+std::string RenderKvmCsv(const KvmAnalysis& a, const KvmReportContext& ctx,
+                         const KvmRenderOptions& opts) {
+  (void)ctx;
+  std::string out =
+      "scope,vm,vcpu,key,name,samples,samples_pct,time_ns,time_pct,min_ns,max_ns,mean_ns,"
+      "stderr_pct,p50_ns,p99_ns,p999_ns\n";
+  AppendCsvGroup(out, "all", a.all, opts);
+  if (opts.per_vm) {
+    for (const auto& g : a.per_vm) AppendCsvGroup(out, "vm", *g, opts);
+  }
+  if (opts.per_vcpu) {
+    for (const auto& g : a.per_vcpu) AppendCsvGroup(out, "vcpu", *g, opts);
+  }
+  return out;
+}
+
+std::string FormatKvmSlowExit(const ExitEvent& e, std::string_view key) {
+  std::string s = fmt::format("{} VM {}, vcpu {}: {}", e.start_ns, e.vm, e.vcpu, e.reason);
+  if (!key.empty() && key != e.reason) s += fmt::format(" {}", key);
+  if (!e.device.empty()) {
+    s += e.reg.empty() ? fmt::format(" ({})", e.device) : fmt::format(" ({}.{})", e.device, e.reg);
+  }
+  s += fmt::format(" event took {}usec", e.duration_ns / 1000);
+  return s;
+}
+
+}  // namespace exitscope::report

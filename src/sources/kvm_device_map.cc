@@ -1,0 +1,176 @@
+#include "sources/kvm_device_map.h"
+
+#include <charconv>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "exitscope/dump.h"
+#include "exitscope/register_map.h"
+
+namespace exitscope::sources {
+namespace {
+
+bool ParseNumber(std::string_view s, uint64_t* v) {
+  int base = 10;
+  if (s.size() > 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
+    s.remove_prefix(2);
+    base = 16;
+  }
+  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *v, base);
+  return ec == std::errc() && p == s.data() + s.size() && !s.empty();
+}
+
+std::vector<std::string_view> Words(std::string_view line) {
+  std::vector<std::string_view> w;
+  size_t i = 0;
+  while (i < line.size()) {
+    while (i < line.size() && (line[i] == ' ' || line[i] == '\t' || line[i] == '\r')) ++i;
+    if (i >= line.size() || line[i] == '#') break;
+    size_t j = i;
+    while (j < line.size() && line[j] != ' ' && line[j] != '\t' && line[j] != '\r') ++j;
+    w.push_back(line.substr(i, j - i));
+    i = j;
+  }
+  return w;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::Parse(std::string_view text,
+                                                         std::string_view origin,
+                                                         const std::string& base_dir) {
+  std::unique_ptr<KvmDeviceMap> m(new KvmDeviceMap());
+  size_t pos = 0, line_no = 0;
+  while (pos <= text.size()) {
+    size_t nl = text.find('\n', pos);
+    if (nl == std::string_view::npos) nl = text.size();
+    const std::string_view line = text.substr(pos, nl - pos);
+    pos = nl + 1;
+    ++line_no;
+    const std::vector<std::string_view> w = Words(line);
+    if (w.empty()) continue;
+    const auto fail = [&](const std::string& why) {
+      return Fail(ErrorCode::kInvalidArgument, fmt::format("{}:{}: {}", origin, line_no, why));
+    };
+    if (w.size() < 5 || w.size() > 6) {
+      return fail("expected `name kind mmio|pio base length [regmap]`");
+    }
+    IoSpace space;
+    if (w[2] == "mmio") space = IoSpace::kMmio;
+    else if (w[2] == "pio") space = IoSpace::kPio;
+    else return fail(fmt::format("space must be mmio or pio, not '{}'", w[2]));
+    uint64_t base = 0, length = 0;
+    if (!ParseNumber(w[3], &base)) return fail(fmt::format("bad base '{}'", w[3]));
+    if (!ParseNumber(w[4], &length) || length == 0) {
+      return fail(fmt::format("bad length '{}'", w[4]));
+    }
+    std::shared_ptr<const RegisterMap> map;
+    if (w.size() == 6) {
+      auto builtin = RegisterMap::Builtin(w[5]);
+      if (builtin) {
+        map = *builtin;
+      } else {
+        std::string path(w[5]);
+        if (!path.empty() && path[0] != '/') path = base_dir + "/" + path;
+        auto loaded = RegisterMap::Load(path);
+        if (!loaded) {
+          return fail(fmt::format("regmap '{}' is no builtin map and: {}", w[5],
+                                  loaded.error().message));
+        }
+        map = std::make_shared<const RegisterMap>(std::move(*loaded));
+      }
+    }
+    uint32_t dev = 0;
+    if (auto found = m->space_->FindDevice(w[0]); found) {
+      dev = *found;
+    } else {
+      auto added = m->space_->AddDevice({.name = std::string(w[0]), .kind = std::string(w[1])});
+      if (!added) return fail(added.error().message);
+      dev = *added;
+    }
+    if (Status s = m->space_->AddRange(space, base, length, dev, std::move(map)); !s) {
+      return fail(s.error().message);
+    }
+  }
+  for (const DeviceInfo& d : m->space_->Devices()) m->names_.push_back(d.name);
+  return m;
+}
+
+Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::LoadText(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return Fail(ErrorCode::kIo, fmt::format("{}: cannot open device map", path));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const size_t slash = path.rfind('/');
+  return Parse(ss.str(), path, slash == std::string::npos ? "." : path.substr(0, slash));
+}
+
+Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::LoadDump(const std::string& path) {
+  auto dump = ReadDump(path);
+  if (!dump) return std::unexpected(dump.error());
+  std::unique_ptr<KvmDeviceMap> m(new KvmDeviceMap());
+  std::vector<std::shared_ptr<const RegisterMap>> maps;
+  for (const RegisterMap& rm : dump->maps) maps.push_back(std::make_shared<const RegisterMap>(rm));
+  for (const DeviceInfo& d : dump->devices) {
+    auto added = m->space_->AddDevice({.name = d.name, .kind = d.kind, .id = d.id});
+    if (!added) {
+      return Fail(ErrorCode::kCorrupt, fmt::format("{}: device '{}': {}", path, d.name,
+                                                   added.error().message));
+    }
+  }
+  for (const DumpRange& r : dump->ranges) {
+    std::shared_ptr<const RegisterMap> map;
+    if (r.map != kNoRegister && r.map < maps.size()) map = maps[r.map];
+    if (Status s = m->space_->AddRange(r.space, r.base, r.size, r.device, map); !s) {
+      return Fail(ErrorCode::kCorrupt, fmt::format("{}: {}", path, s.error().message));
+    }
+  }
+  for (const DeviceInfo& d : m->space_->Devices()) m->names_.push_back(d.name);
+  return m;
+}
+
+Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::Load(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return Fail(ErrorCode::kIo, fmt::format("{}: cannot open device map", path));
+  char head[8] = {};
+  f.read(head, sizeof(head));
+  const std::string_view h(head, static_cast<size_t>(f.gcount()));
+  // Text maps are printable; a dump starts with a binary magic.
+  bool text = true;
+  for (char c : h) {
+    if (static_cast<unsigned char>(c) < 0x09 || (static_cast<unsigned char>(c) > 0x0d &&
+                                                  static_cast<unsigned char>(c) < 0x20)) {
+      text = false;
+    }
+  }
+  return text ? LoadText(path) : LoadDump(path);
+}
+
+bool KvmDeviceMap::Resolve(SubKeyKind kind, uint64_t addr, uint32_t size,
+                           std::string_view* device, std::string_view* reg) const {
+  const IoSpace space = kind == SubKeyKind::kPort ? IoSpace::kPio : IoSpace::kMmio;
+  const Key key{addr, size, static_cast<uint8_t>(space)};
+  auto it = cache_.find(key);
+  if (it == cache_.end()) {
+    Entry e;
+    const Resolution r = space_->Lookup(space, addr, size);
+    if (r.assigned() && r.device < names_.size()) {
+      e.found = true;
+      e.device = names_[r.device];
+      std::string name = AddressSpace::RegisterName(r, size);
+      if (!name.empty()) {
+        regs_.push_back(std::move(name));
+        e.reg = regs_.back();
+      }
+    }
+    it = cache_.emplace(key, e).first;
+  }
+  *device = it->second.device;
+  *reg = it->second.reg;
+  return it->second.found;
+}
+
+}  // namespace exitscope::sources

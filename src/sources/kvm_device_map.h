@@ -1,0 +1,76 @@
+// sources/kvm_device_map.h: resolves ports and MMIO addresses seen in kvm traces to devices
+// and registers, using the recorder's AddressSpace and RegisterMaps.
+//
+// Two ways to build one:
+//  - from a recorder dump of the same VM (`exitscope kvm report --device-map vm.dump`): its
+//    devices, ranges and register maps, exactly as the VMM registered them;
+//  - from a small text file, one device range per line:
+//
+//      # name   kind       space  base        length   [regmap]
+//      com1     uart16550  pio    0x3f8       8        uart16550
+//      nvme0    nvme       mmio   0xfebf0000  0x4000   nvme
+//      dbg      debug-exit pio    0xe9        1
+//
+//    Numbers are decimal or 0x-hex; `regmap` is a builtin map name (RegisterMap::Builtin:
+//    uart16550, nvme, pci-config, virtio-mmio, virtio-pci-common) or a path to a .map file
+//    (relative paths are taken from the device-map file's folder). A device may own several
+//    ranges (one line each, same name and kind). Errors name "file:line: reason".
+//
+// Lookups are cached per (space, address, size): a trace touches few distinct addresses, so
+// register names are formatted once and the returned views stay valid for the map's life.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <deque>
+
+#include "exitscope/address_space.h"
+#include "exitscope/status.h"
+#include "sources/kvm_pairing.h"
+
+namespace exitscope::sources {
+
+class KvmDeviceMap final : public KvmDeviceResolver {
+ public:
+  // Parses the text format above.
+  static Result<std::unique_ptr<KvmDeviceMap>> Parse(std::string_view text,
+                                                     std::string_view origin,
+                                                     const std::string& base_dir = ".");
+  static Result<std::unique_ptr<KvmDeviceMap>> LoadText(const std::string& path);
+  // Reads a recorder dump (ReadDump) and takes its address space.
+  static Result<std::unique_ptr<KvmDeviceMap>> LoadDump(const std::string& path);
+  // A dump file (by magic) or a text device map.
+  static Result<std::unique_ptr<KvmDeviceMap>> Load(const std::string& path);
+
+  bool Resolve(SubKeyKind kind, uint64_t addr, uint32_t size, std::string_view* device,
+               std::string_view* reg) const override;
+
+  const AddressSpace& address_space() const noexcept { return *space_; }
+  size_t device_count() const noexcept { return space_->device_count(); }
+
+ private:
+  KvmDeviceMap() : space_(std::make_unique<AddressSpace>()) {}
+  struct Key {
+    uint64_t addr;
+    uint32_t size;
+    uint8_t space;
+    bool operator==(const Key&) const = default;
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const noexcept {
+      return std::hash<uint64_t>()(k.addr * 0x9e3779b97f4a7c15ull ^ (k.size << 1) ^ k.space);
+    }
+  };
+  struct Entry {
+    bool found = false;
+    std::string_view device, reg;
+  };
+  std::unique_ptr<AddressSpace> space_;
+  std::deque<std::string> names_;  // device names by index
+  mutable std::deque<std::string> regs_;
+  mutable std::unordered_map<Key, Entry, KeyHash> cache_;
+};
+
+}  // namespace exitscope::sources

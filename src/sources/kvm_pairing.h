@@ -1,0 +1,174 @@
+// sources/kvm_pairing.h: pairs KvmRecords into ExitEvents, per thread.
+//
+// Two kinds of exit come out of a kvm trace:
+//
+//  1. Kernel exits, where the host fires kvm_exit / kvm_entry (VMX, SVM, PVM hosts that have
+//     them): kvm_exit -> the next kvm_entry on the same thread, as perf kvm stat pairs them.
+//     The reason is decoded from kvm_exit's isa field. Child events seen between the two
+//     (kvm_pio, kvm_mmio, kvm_msr, kvm_hypercall, kvm_emulate_insn, kvm_userspace_exit)
+//     attach to that exit: they give its sub-key (port, gpa, MSR, hypercall nr), size,
+//     direction, value and whether it went to userspace.
+//
+//  2. Userspace exits where kvm_exit / kvm_entry never fire (kvm-pvm on these machines).
+//     Per KVM_RUN the capture shows, on one thread:
+//
+//        kvm_fpu load            <- KVM_RUN entered: the guest runs from here
+//        kvm_emulate_insn        -+
+//        kvm_pio / kvm_mmio       |  children: they come BEFORE the exit record
+//        kvm_fpu unload          -+
+//        kvm_userspace_exit      <- exit starts (the VMM handles it from here)
+//        ...                        (VMM time)
+//        kvm_fpu load            <- exit ends: next KVM_RUN (or kvm_entry if it fires)
+//
+//     So children are collected from the last re-entry marker on, and handed to the
+//     userspace exit that follows them; the exit lasts from kvm_userspace_exit to the next
+//     kvm_fpu load or kvm_entry on that thread. A read's completion (kvm_pio pio_read,
+//     kvm_mmio read) fires after re-entry: the finished exit is held until the thread's
+//     next record, and a matching completion attaches its port/address and value.
+//
+// Nothing is dropped silently: records outside any exit, exits without an end, entries
+// without an exit and records lost in ring-buffer overruns are counted in KvmPairingStats.
+// After a loss on a CPU the pending state of the threads last seen on that CPU is discarded
+// (counted as unpaired), since records in between are missing.
+//
+// Feed records in time order per thread (a global time order, as trace-cmd report and
+// tracecmd_read_next_data give, satisfies this). No allocation per record once every thread
+// has been seen; strings handed to the sink are static or interned for the pairer's life.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include "sources/event.h"
+#include "sources/kvm_decode.h"
+#include "sources/kvm_trace.h"
+
+namespace exitscope::sources {
+
+// Converts capture clock units to nanoseconds: ns = ts * mul / div. Identity for nanosecond
+// clocks; for x86-tsc, mul = 1'000'000 and div = the TSC frequency in kHz.
+struct ClockScale {
+  uint64_t mul = 1;
+  uint64_t div = 1;
+  uint64_t ToNs(uint64_t ts) const noexcept {
+    if (mul == div) return ts;
+    return static_cast<uint64_t>(static_cast<unsigned __int128>(ts) * mul / div);
+  }
+  static ClockScale FromTscKhz(uint64_t khz) noexcept { return {1'000'000, khz ? khz : 1}; }
+};
+
+// Resolves a port or guest-physical MMIO address to a device and register. Implementations
+// own the returned strings for their lifetime (see kvm_device_map.h).
+class KvmDeviceResolver {
+ public:
+  virtual ~KvmDeviceResolver() = default;
+  // Returns false when the address is in no known device.
+  virtual bool Resolve(SubKeyKind kind, uint64_t addr, uint32_t size, std::string_view* device,
+                       std::string_view* reg) const = 0;
+};
+
+struct KvmPairerOptions {
+  PvmNumbering pvm = PvmNumbering::kUpstream;
+  ClockScale clock;
+  const KvmDeviceResolver* devices = nullptr;  // not owned; may be null
+};
+
+// Counts over everything fed. Nothing a pairer sees is dropped without being counted here.
+struct KvmPairingStats {
+  std::array<uint64_t, kKvmEventTypeCount> records{};  // per KvmEventType (kOther included)
+  uint64_t records_total = 0;
+  uint64_t exits = 0;                 // ExitEvents emitted
+  uint64_t kernel_exits = 0;          // of which paired kvm_exit -> kvm_entry
+  uint64_t userspace_exits = 0;       // of which reached userspace
+  uint64_t lost_events = 0;           // records the ring buffer reported lost
+  uint64_t lost_markers = 0;          // loss reports (some without a count)
+  uint64_t unpaired_exits = 0;        // kvm_exit / kvm_userspace_exit never ended (trace end,
+                                      // another exit first, or state discarded after a loss)
+  uint64_t entries_without_exit = 0;  // kvm_entry with no open kvm_exit (the first per thread)
+  uint64_t children_outside_exit = 0; // pio/mmio/msr/... not followed by any exit on their thread
+  uint64_t completions = 0;           // read completions attached to their exit after re-entry
+  uint64_t failed_vmentry = 0;
+};
+
+class KvmPairer {
+ public:
+  // `sink` is not owned and must outlive the pairer.
+  KvmPairer(KvmPairerOptions options, EventSink* sink);
+
+  // One record, in time order for its thread.
+  void Feed(const KvmRecord& r);
+  // The ring buffer of `cpu` lost `count` records (count < 0: unknown number) before the
+  // next record fed from that CPU.
+  void OnLost(uint32_t cpu, int64_t count);
+  // Tells the pairer that thread `tid` belongs to process `tgid` (the VM). Without it a
+  // thread's VM id is its own tid unless records carry a tgid.
+  void SetThreadGroup(int32_t tid, int32_t tgid);
+  // End of input: emits held exits, counts exits left open as unpaired. Feeding after
+  // Finish() starts over per thread (live mode calls it only at the end).
+  void Finish();
+
+  // Calls `fn(record, ctx)` for every record fed, before pairing (tests and tools that
+  // count raw records; null to stop).
+  void SetRecordObserver(void (*fn)(const KvmRecord&, void*), void* ctx) noexcept {
+    observer_ = fn;
+    observer_ctx_ = ctx;
+  }
+
+  const KvmPairingStats& stats() const noexcept { return stats_; }
+  const KvmPairerOptions& options() const noexcept { return options_; }
+
+ private:
+  struct Child {
+    SubKeyKind kind = SubKeyKind::kNone;
+    uint64_t key = 0;
+    uint8_t size = 0;
+    Direction dir = Direction::kNone;
+    uint64_t value = 0;
+    uint64_t rip = 0;
+  };
+  enum class Phase : uint8_t { kIdle, kKernelExit, kUserExit };
+  struct Thread {
+    Phase phase = Phase::kIdle;
+    uint32_t last_cpu = 0;
+    int32_t tgid = -1;
+    int64_t vcpu = -1;
+    uint64_t exit_ts = 0;
+    ExitEvent ev;            // the exit being built
+    bool ev_is_kernel = false;
+    uint32_t children = 0;   // child records collected for the next / current exit
+    Child child;             // the most informative child so far
+    bool held = false;       // a finished exit waiting for a read completion
+    ExitEvent held_ev;
+  };
+
+  Thread& ThreadOf(const KvmRecord& r);
+  void AddChild(Thread& t, const KvmRecord& r);
+  void ApplyChild(const Thread& t, ExitEvent* e) const;
+  void StartKernelExit(Thread& t, const KvmRecord& r);
+  void StartUserExit(Thread& t, const KvmRecord& r);
+  void EndExit(Thread& t, uint64_t end_ts);
+  void Emit(const ExitEvent& e, bool kernel);
+  void FlushHeld(Thread& t);
+  void Resolve(ExitEvent* e) const;
+  std::string_view Intern(std::string s);
+  uint32_t VcpuOf(int32_t tid, const Thread& t);
+
+  KvmPairerOptions options_;
+  EventSink* sink_;
+  void (*observer_)(const KvmRecord&, void*) = nullptr;
+  void* observer_ctx_ = nullptr;
+  KvmPairingStats stats_;
+  std::unordered_map<int32_t, Thread> threads_;
+  std::unordered_map<int32_t, int32_t> tgid_of_;
+  std::unordered_map<std::string, std::string_view> interned_index_;
+  std::deque<std::string> interned_;
+  // Per VM: the next vCPU index handed to a thread whose records carry no vcpu_id.
+  std::unordered_map<int32_t, uint32_t> next_vcpu_;
+  std::unordered_map<int32_t, uint32_t> vcpu_of_tid_;
+};
+
+}  // namespace exitscope::sources

@@ -1,0 +1,217 @@
+#include "sources/kvm_trace.h"
+
+#include <traceevent/event-parse.h>
+
+#include <bit>
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+namespace exitscope::sources {
+namespace {
+
+constexpr std::array<std::string_view, kKvmEventTypeCount> kNames = {
+    "other",       "kvm_exit",      "kvm_entry",        "kvm_userspace_exit", "kvm_fpu",
+    "kvm_pio",     "kvm_mmio",      "kvm_msr",          "kvm_hypercall",      "kvm_emulate_insn",
+    "vcpu_match_mmio", "kvm_page_fault", "kvm_inj_exception", "kvm_cpuid",
+};
+
+// Field names per event type, in the slot order KvmTepDecoder::Decode reads them.
+struct EventSpec {
+  KvmEventType type;
+  std::array<const char*, 9> fields;
+};
+constexpr EventSpec kSpecs[] = {
+    {KvmEventType::kExit,
+     {"exit_reason", "guest_rip", "isa", "info1", "info2", "intr_info", "error_code", "vcpu_id",
+      nullptr}},
+    {KvmEventType::kEntry, {"vcpu_id", "rip"}},
+    {KvmEventType::kUserspaceExit, {"reason", "errno"}},
+    {KvmEventType::kFpu, {"load"}},
+    {KvmEventType::kPio, {"rw", "port", "size", "count", "val"}},
+    {KvmEventType::kMmio, {"type", "len", "gpa", "val"}},
+    {KvmEventType::kMsr, {"write", "ecx", "data", "exception"}},
+    {KvmEventType::kHypercall, {"nr", "a0"}},
+    {KvmEventType::kEmulateInsn, {"rip", "csbase", "len", "insn", "failed"}},
+    {KvmEventType::kVcpuMatchMmio, {"gva", "gpa", "write"}},
+    {KvmEventType::kPageFault, {"vcpu_id", "guest_rip", "fault_address", "error_code"}},
+    {KvmEventType::kInjException, {"exception", "has_error", "error_code"}},
+    {KvmEventType::kCpuid, {"function"}},
+};
+
+}  // namespace
+
+std::string_view KvmEventName(KvmEventType t) noexcept {
+  const auto i = static_cast<size_t>(t);
+  return i < kNames.size() ? kNames[i] : kNames[0];
+}
+
+KvmEventType KvmEventFromName(std::string_view name) noexcept {
+  for (size_t i = 1; i < kNames.size(); ++i) {
+    if (kNames[i] == name) return static_cast<KvmEventType>(i);
+  }
+  return KvmEventType::kOther;
+}
+
+KvmTepDecoder::KvmTepDecoder(tep_handle* tep) : tep_(tep) {
+  by_id_.fill(KvmEventType::kOther);
+  if (tep_ == nullptr) return;
+  swap_ = tep_is_file_bigendian(tep_) != tep_is_local_bigendian(tep_);
+  for (const EventSpec& spec : kSpecs) {
+    tep_event* ev = tep_find_event_by_name(tep_, "kvm", std::string(KvmEventName(spec.type)).c_str());
+    if (ev == nullptr) continue;
+    EventFields& ef = fields_[Index(spec.type)];
+    ef.id = ev->id;
+    if (ev->id >= 0 && ev->id < kIdMapSize) by_id_[ev->id] = spec.type;
+    if (tep_format_field* ct = tep_find_common_field(ev, "common_type")) {
+      common_type_ = {static_cast<int16_t>(ct->offset), static_cast<int16_t>(ct->size)};
+    }
+    if (tep_format_field* cp = tep_find_common_field(ev, "common_pid")) {
+      common_pid_ = {static_cast<int16_t>(cp->offset), static_cast<int16_t>(cp->size)};
+    }
+    for (int i = 0; i < kMaxFields; ++i) {
+      if (spec.fields[i] == nullptr) continue;
+      tep_format_field* f = tep_find_field(ev, spec.fields[i]);
+      if (f == nullptr) continue;
+      ef.f[i] = {static_cast<int16_t>(f->offset), static_cast<int16_t>(f->size)};
+      ef.min_size = std::max(ef.min_size, f->offset + f->size);
+    }
+  }
+}
+
+uint64_t KvmTepDecoder::Read(const uint8_t* data, Field f) const noexcept {
+  switch (f.size) {
+    case 1:
+      return data[f.offset];
+    case 2: {
+      uint16_t v;
+      std::memcpy(&v, data + f.offset, 2);
+      return swap_ ? std::byteswap(v) : v;
+    }
+    case 4: {
+      uint32_t v;
+      std::memcpy(&v, data + f.offset, 4);
+      return swap_ ? std::byteswap(v) : v;
+    }
+    case 8: {
+      uint64_t v;
+      std::memcpy(&v, data + f.offset, 8);
+      return swap_ ? std::byteswap(v) : v;
+    }
+    default:
+      return 0;  // absent field (offset -1) or a size we do not read as a number
+  }
+}
+
+KvmEventType KvmTepDecoder::TypeOf(const tep_record* record) const noexcept {
+  if (record == nullptr || record->size < common_type_.offset + common_type_.size) {
+    return KvmEventType::kOther;
+  }
+  const uint64_t id = Read(static_cast<const uint8_t*>(record->data), common_type_);
+  return id < static_cast<uint64_t>(kIdMapSize) ? by_id_[id] : KvmEventType::kOther;
+}
+
+bool KvmTepDecoder::Decode(const tep_record* record, uint32_t cpu, KvmRecord* out) noexcept {
+  const KvmEventType t = TypeOf(record);
+  if (t == KvmEventType::kOther) return false;
+  const EventFields& ef = fields_[Index(t)];
+  if (record->size < ef.min_size) {
+    ++short_records_;
+    return false;
+  }
+  const auto* d = static_cast<const uint8_t*>(record->data);
+  const auto& f = ef.f;
+  KvmRecord& r = *out;
+  r.ts = record->ts;
+  r.cpu = cpu;
+  r.tid = static_cast<int32_t>(Read(d, common_pid_));
+  r.tgid = -1;
+  r.type = t;
+  switch (t) {
+    case KvmEventType::kExit:
+      r.exit_reason = static_cast<uint32_t>(Read(d, f[0]));
+      r.guest_rip = Read(d, f[1]);
+      r.isa = static_cast<uint32_t>(Read(d, f[2]));
+      r.info1 = Read(d, f[3]);
+      r.info2 = Read(d, f[4]);
+      r.intr_info = static_cast<uint32_t>(Read(d, f[5]));
+      r.error_code = static_cast<uint32_t>(Read(d, f[6]));
+      r.vcpu_id = f[7].offset >= 0 ? static_cast<int64_t>(Read(d, f[7])) : -1;
+      break;
+    case KvmEventType::kEntry:
+      r.vcpu_id = f[0].offset >= 0 ? static_cast<int64_t>(Read(d, f[0])) : -1;
+      r.guest_rip = Read(d, f[1]);
+      break;
+    case KvmEventType::kUserspaceExit:
+      r.reason = static_cast<uint32_t>(Read(d, f[0]));
+      r.err = static_cast<int32_t>(static_cast<uint32_t>(Read(d, f[1])));
+      break;
+    case KvmEventType::kFpu:
+      r.write = static_cast<uint32_t>(Read(d, f[0]));
+      break;
+    case KvmEventType::kPio:
+      r.write = static_cast<uint32_t>(Read(d, f[0]));
+      r.addr = Read(d, f[1]);
+      r.size = static_cast<uint32_t>(Read(d, f[2]));
+      r.count = static_cast<uint32_t>(Read(d, f[3]));
+      r.data = Read(d, f[4]);
+      break;
+    case KvmEventType::kMmio:
+      r.mmio_type = static_cast<uint32_t>(Read(d, f[0]));
+      r.size = static_cast<uint32_t>(Read(d, f[1]));
+      r.addr = Read(d, f[2]);
+      r.data = Read(d, f[3]);
+      r.write = r.mmio_type == kKvmMmioWrite ? 1 : 0;
+      break;
+    case KvmEventType::kMsr:
+      r.write = static_cast<uint32_t>(Read(d, f[0]));
+      r.addr = Read(d, f[1]);
+      r.data = Read(d, f[2]);
+      r.exception = static_cast<uint8_t>(Read(d, f[3]));
+      break;
+    case KvmEventType::kHypercall:
+      r.addr = Read(d, f[0]);
+      r.data = Read(d, f[1]);
+      break;
+    case KvmEventType::kEmulateInsn: {
+      r.guest_rip = Read(d, f[0]);
+      r.addr = Read(d, f[1]);
+      const uint64_t len = Read(d, f[2]);
+      r.insn_len = static_cast<uint8_t>(len > r.insn.size() ? r.insn.size() : len);
+      if (f[3].offset >= 0) {
+        const size_t n = std::min<size_t>(static_cast<size_t>(f[3].size), r.insn.size());
+        std::memcpy(r.insn.data(), d + f[3].offset, n);
+        if (r.insn_len > n) r.insn_len = static_cast<uint8_t>(n);
+      } else {
+        r.insn_len = 0;
+      }
+      r.failed = static_cast<uint8_t>(Read(d, f[4]));
+      break;
+    }
+    case KvmEventType::kVcpuMatchMmio:
+      r.data = Read(d, f[0]);
+      r.addr = Read(d, f[1]);
+      r.write = static_cast<uint32_t>(Read(d, f[2]));
+      break;
+    case KvmEventType::kPageFault:
+      r.vcpu_id = f[0].offset >= 0 ? static_cast<int64_t>(Read(d, f[0])) : -1;
+      r.guest_rip = Read(d, f[1]);
+      r.addr = Read(d, f[2]);
+      r.error_code = static_cast<uint32_t>(Read(d, f[3]));
+      break;
+    case KvmEventType::kInjException:
+      r.exception = static_cast<uint8_t>(Read(d, f[0]));
+      r.has_error = static_cast<uint8_t>(Read(d, f[1]));
+      r.error_code = static_cast<uint32_t>(Read(d, f[2]));
+      break;
+    case KvmEventType::kCpuid:
+      r.addr = Read(d, f[0]);
+      break;
+    case KvmEventType::kOther:
+    case KvmEventType::kCount:
+      return false;
+  }
+  return true;
+}
+
+}  // namespace exitscope::sources

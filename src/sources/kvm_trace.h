@@ -1,0 +1,161 @@
+// sources/kvm_trace.h: one decoded KVM tracepoint hit, and the adapter from libtraceevent.
+//
+// Every kernel-side source (trace-cmd .dat through libtracecmd, live tracefs raw pages through
+// kbuffer/libtraceevent, ftrace / trace-cmd report text, `perf script` text) turns each kvm
+// tracepoint hit into one KvmRecord and hands it to a KvmPairer (kvm_pairing.h), which pairs
+// them into ExitEvents. A KvmRecord is a plain value, reused by the caller for every record:
+// decoding never allocates.
+//
+//   tep_handle* tep = tracecmd_get_tep(handle);        // or the live side's tep
+//   KvmTepDecoder decoder(tep);                        // looks up kvm:* events once
+//   KvmPairer pairer(options, &sink);
+//   KvmRecord rec;
+//   while (tep_record* r = next()) {
+//     if (r->missed_events) pairer.OnLost(cpu, r->missed_events);  // <0: unknown count
+//     if (decoder.Decode(r, cpu, &rec)) pairer.Feed(rec);
+//   }
+//   pairer.Finish();
+//
+// Timestamps stay in the capture clock's units (ns for local/global/mono/boot, TSC cycles
+// for x86-tsc); the pairer converts with a ClockScale.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string_view>
+
+struct tep_handle;
+struct tep_record;
+struct tep_event;
+
+namespace exitscope::sources {
+
+// The kvm tracepoints the analyser understands. kOther: a record of an event it does not use
+// (still counted by the pairer).
+enum class KvmEventType : uint8_t {
+  kOther = 0,
+  kExit,            // kvm:kvm_exit
+  kEntry,           // kvm:kvm_entry
+  kUserspaceExit,   // kvm:kvm_userspace_exit
+  kFpu,             // kvm:kvm_fpu (load / unload around each KVM_RUN)
+  kPio,             // kvm:kvm_pio
+  kMmio,            // kvm:kvm_mmio
+  kMsr,             // kvm:kvm_msr
+  kHypercall,       // kvm:kvm_hypercall
+  kEmulateInsn,     // kvm:kvm_emulate_insn
+  kVcpuMatchMmio,   // kvm:vcpu_match_mmio
+  kPageFault,       // kvm:kvm_page_fault
+  kInjException,    // kvm:kvm_inj_exception
+  kCpuid,           // kvm:kvm_cpuid
+  kCount,
+};
+inline constexpr size_t kKvmEventTypeCount = static_cast<size_t>(KvmEventType::kCount);
+
+// The tracepoint name ("kvm_exit"), "other" for kOther.
+std::string_view KvmEventName(KvmEventType t) noexcept;
+// Inverse of KvmEventName for the kvm tracepoint names; kOther when not one of ours.
+KvmEventType KvmEventFromName(std::string_view name) noexcept;
+
+// kvm_mmio's `type` field.
+inline constexpr uint32_t kKvmMmioUnsatisfiedRead = 0;
+inline constexpr uint32_t kKvmMmioRead = 1;
+inline constexpr uint32_t kKvmMmioWrite = 2;
+
+// One tracepoint hit. Which fields are meaningful depends on `type` (listed per field, with
+// the tracepoint field each comes from). Fields a record does not carry keep their old
+// value: read only what `type` defines.
+struct KvmRecord {
+  uint64_t ts = 0;           // capture clock units (see ClockScale in kvm_pairing.h)
+  int32_t tid = 0;           // common_pid: the thread that hit the tracepoint
+  int32_t tgid = -1;         // its process (the VM) when the source knows it, else -1
+  uint32_t cpu = 0;
+  KvmEventType type = KvmEventType::kOther;
+
+  // kExit: exit_reason, isa, guest_rip, info1, info2, intr_info, error_code, vcpu_id.
+  // kEntry: vcpu_id, rip (guest_rip). kPageFault: vcpu_id, guest_rip, addr (fault_address),
+  // error_code.
+  uint32_t exit_reason = 0;
+  uint32_t isa = 0;          // 1 VMX, 2 SVM, 3 PVM
+  uint64_t guest_rip = 0;
+  uint64_t info1 = 0;
+  uint64_t info2 = 0;
+  uint32_t intr_info = 0;
+  uint32_t error_code = 0;
+  int64_t vcpu_id = -1;      // -1 when the event has no vcpu_id field
+
+  // kUserspaceExit: reason (KVM_EXIT_*), err (errno field, < 0: "restart"/"error").
+  uint32_t reason = 0;
+  int32_t err = 0;
+
+  // kFpu: write = load (1 load, 0 unload).
+  // kPio: write = rw, addr = port, size, count, data = val.
+  // kMmio: mmio_type, size = len, addr = gpa, data = val, write = (type == write).
+  // kMsr: write, addr = ecx, data, exception.
+  // kHypercall: addr = nr, data = a0.
+  // kVcpuMatchMmio: addr = gpa, data = gva, write.
+  // kInjException: exception, has_error, error_code.
+  // kCpuid: addr = function.
+  uint32_t write = 0;
+  uint64_t addr = 0;
+  uint64_t data = 0;
+  uint32_t size = 0;
+  uint32_t count = 0;
+  uint32_t mmio_type = 0;
+  uint8_t exception = 0;
+  uint8_t has_error = 0;
+
+  // kEmulateInsn: guest_rip (rip), csbase (in addr), insn_len, insn bytes, failed.
+  uint8_t insn_len = 0;
+  uint8_t failed = 0;
+  std::array<uint8_t, 15> insn{};
+};
+
+// Decodes tep records of the kvm events into KvmRecords. Built once per tep_handle: it looks
+// up each kvm event and caches its field offsets and sizes, so Decode() is a type-id compare
+// and a few fixed-offset loads (byte-swapped when the capture's endianness differs). Events
+// the tep does not define (an older kernel, a host without kvm) are simply never matched.
+// Not thread-safe; one per reader.
+class KvmTepDecoder {
+ public:
+  explicit KvmTepDecoder(tep_handle* tep);
+
+  // Fills `out` from `record` (taken on `cpu`). Returns false, leaving `out` untouched, when
+  // the record is not one of the kvm events this decoder knows (its type is then
+  // KvmEventType::kOther for statistics: see TypeOf()). A record too short for its event's
+  // fields is rejected (returns false) and counted in short_records().
+  bool Decode(const tep_record* record, uint32_t cpu, KvmRecord* out) noexcept;
+
+  // The KvmEventType of a record's common_type (kOther when not a kvm event we know).
+  KvmEventType TypeOf(const tep_record* record) const noexcept;
+
+  // Which of the kvm events this tep defines (false: not in the capture's formats).
+  bool Has(KvmEventType t) const noexcept { return fields_[Index(t)].id >= 0; }
+  uint64_t short_records() const noexcept { return short_records_; }
+
+ private:
+  struct Field {
+    int16_t offset = -1;
+    int16_t size = 0;
+  };
+  // Per event: its id and the fields we read, in a fixed slot order per event type.
+  static constexpr int kMaxFields = 9;
+  struct EventFields {
+    int id = -1;
+    int min_size = 0;  // smallest data size that holds every field we read
+    std::array<Field, kMaxFields> f{};
+  };
+  static constexpr size_t Index(KvmEventType t) noexcept { return static_cast<size_t>(t); }
+  uint64_t Read(const uint8_t* data, Field f) const noexcept;
+
+  tep_handle* tep_;
+  bool swap_ = false;
+  Field common_type_{0, 2};
+  Field common_pid_{4, 4};
+  std::array<EventFields, kKvmEventTypeCount> fields_{};
+  // common_type id -> KvmEventType, for ids < kIdMapSize (kernel ids are small).
+  static constexpr int kIdMapSize = 4096;
+  std::array<KvmEventType, kIdMapSize> by_id_{};
+  uint64_t short_records_ = 0;
+};
+
+}  // namespace exitscope::sources

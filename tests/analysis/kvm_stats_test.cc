@@ -1,0 +1,175 @@
+// Aggregation by event class and key, filters, breakdowns and perf's statistics.
+#include "analysis/kvm_stats.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+namespace exitscope::analysis {
+namespace {
+
+ExitEvent Exit(std::string_view reason, uint64_t dur, uint32_t vcpu = 0, uint32_t vm = 1) {
+  ExitEvent e;
+  e.reason = reason;
+  e.duration_ns = dur;
+  e.vcpu = vcpu;
+  e.vm = vm;
+  e.tid = vm * 10 + vcpu;
+  return e;
+}
+ExitEvent Port(uint16_t port, Direction dir, uint64_t dur, uint32_t vcpu = 0) {
+  ExitEvent e = Exit("IO", dur, vcpu);
+  e.subkey_kind = SubKeyKind::kPort;
+  e.subkey = port;
+  e.dir = dir;
+  e.userspace = true;
+  e.user_reason = "IO";
+  return e;
+}
+
+const KvmRow* Find(const KvmGroup& g, std::string_view key) {
+  for (const auto& r : g.rows) {
+    if (r->key == key) return r.get();
+  }
+  return nullptr;
+}
+
+TEST(KvmStats, VmexitRowsByReasonWithPerfStatistics) {
+  KvmAggregator agg({});
+  for (uint64_t d : {1000, 2000, 3000, 4000}) agg.OnExit(Exit("HLT", d));
+  agg.OnExit(Exit("MSR_WRITE", 500));
+  agg.Finish();
+  const KvmAnalysis& a = agg.analysis();
+  ASSERT_EQ(a.all.rows.size(), 2u);
+  const KvmRow* hlt = Find(a.all, "HLT");
+  ASSERT_NE(hlt, nullptr);
+  EXPECT_EQ(hlt->stats.count(), 4u);
+  EXPECT_EQ(hlt->stats.sum(), 10000u);
+  EXPECT_EQ(hlt->stats.min(), 1000u);
+  EXPECT_EQ(hlt->stats.max(), 4000u);
+  // perf's "+-": sqrt(var / n) / mean; var of 1,2,3,4 us (n-1) = 1.6667e6 ns^2.
+  const double want = 100.0 * std::sqrt(1666666.6667 / 4.0) / 2500.0;
+  EXPECT_NEAR(hlt->stats.RelStdErrPercent(), want, 1e-6);
+  EXPECT_EQ(a.all.samples, 5u);
+  EXPECT_EQ(a.all.time_ns, 10500u);
+  const auto sorted = SortedRows(a.all, KvmSortKey::kSample);
+  EXPECT_EQ(sorted[0]->key, "HLT");
+  const auto by_min = SortedRows(a.all, KvmSortKey::kMin);
+  EXPECT_EQ(by_min[0]->key, "HLT");  // descending: 1000 > 500
+}
+
+TEST(KvmStats, IoportKeysAsPerf) {
+  KvmAggregator agg({.event = KvmEventClass::kIoport});
+  agg.OnExit(Port(0x3f8, Direction::kWrite, 100));
+  agg.OnExit(Port(0x3f8, Direction::kWrite, 300));
+  agg.OnExit(Port(0x3fd, Direction::kRead, 200));
+  agg.OnExit(Exit("HLT", 5000));  // not an ioport exit
+  agg.Finish();
+  const KvmAnalysis& a = agg.analysis();
+  ASSERT_EQ(a.all.rows.size(), 2u);
+  ASSERT_NE(Find(a.all, "0x3f8:POUT"), nullptr);
+  EXPECT_EQ(Find(a.all, "0x3f8:POUT")->stats.count(), 2u);
+  ASSERT_NE(Find(a.all, "0x3fd:PIN"), nullptr);
+  EXPECT_EQ(a.exits_seen, 4u);
+  EXPECT_EQ(a.exits_filtered, 1u);
+}
+
+TEST(KvmStats, MmioMsrHypercallAndUserspaceKeys) {
+  ExitEvent mmio = Exit("EPT_MISCONFIG", 10);
+  mmio.subkey_kind = SubKeyKind::kMmio;
+  mmio.subkey = 0xfebf1008;
+  mmio.dir = Direction::kWrite;
+  mmio.device = "nvme0";
+  mmio.reg = "SQ1TDBL";
+  ExitEvent msr = Exit("MSR_WRITE", 20);
+  msr.subkey_kind = SubKeyKind::kMsr;
+  msr.subkey = 0x6e0;
+  msr.dir = Direction::kWrite;
+  ExitEvent hc = Exit("HC_WRMSR", 30);
+  hc.subkey_kind = SubKeyKind::kHypercall;
+  hc.subkey = 0x17088208;
+  ExitEvent raw_hc = Exit("VMCALL", 40);
+  raw_hc.subkey_kind = SubKeyKind::kHypercall;
+  raw_hc.subkey = 9;
+  ExitEvent user = Exit("EPT_VIOLATION", 50);
+  user.userspace = true;
+  user.user_reason = "MMIO";
+
+  const auto run = [&](KvmEventClass c) {
+    auto agg = std::make_unique<KvmAggregator>(KvmAnalysisOptions{.event = c});
+    for (const ExitEvent* e : {&mmio, &msr, &hc, &raw_hc, &user}) agg->OnExit(*e);
+    agg->Finish();
+    return agg;
+  };
+  auto m = run(KvmEventClass::kMmio);
+  ASSERT_EQ(m->analysis().all.rows.size(), 1u);
+  EXPECT_EQ(m->analysis().all.rows[0]->key, "0xfebf1008:W");
+  EXPECT_EQ(m->analysis().all.rows[0]->name, "nvme0.SQ1TDBL");
+  auto s = run(KvmEventClass::kMsr);
+  ASSERT_EQ(s->analysis().all.rows.size(), 1u);
+  EXPECT_EQ(s->analysis().all.rows[0]->key, "0x6e0:W");
+  EXPECT_EQ(s->analysis().all.rows[0]->name, "IA32_TSC_DEADLINE");
+  auto h = run(KvmEventClass::kHypercall);
+  ASSERT_EQ(h->analysis().all.rows.size(), 2u);
+  EXPECT_NE(Find(h->analysis().all, "HC_WRMSR"), nullptr);
+  ASSERT_NE(Find(h->analysis().all, "nr 0x9"), nullptr);
+  EXPECT_EQ(Find(h->analysis().all, "nr 0x9")->name, "VMCALL");
+  auto u = run(KvmEventClass::kUserspace);
+  ASSERT_EQ(u->analysis().all.rows.size(), 1u);
+  EXPECT_EQ(u->analysis().all.rows[0]->key, "MMIO");
+}
+
+TEST(KvmStats, FiltersAndBreakdowns) {
+  std::vector<std::string> slow;
+  KvmAggregator agg({.vcpu = -1,
+                     .pid = -1,
+                     .per_vcpu = true,
+                     .per_vm = true,
+                     .slow_ns = 1000,
+                     .on_slow = [&](const ExitEvent& e, std::string_view key) {
+                       slow.push_back(std::string(key) + "@" + std::to_string(e.vcpu));
+                     }});
+  agg.OnExit(Exit("HLT", 100, 0, 1));
+  agg.OnExit(Exit("HLT", 5000, 1, 1));
+  agg.OnExit(Exit("HLT", 200, 0, 2));
+  agg.Finish();
+  const KvmAnalysis& a = agg.analysis();
+  ASSERT_EQ(a.per_vm.size(), 2u);
+  EXPECT_EQ(a.per_vm[0]->vm, 1);
+  EXPECT_EQ(a.per_vm[0]->samples, 2u);
+  ASSERT_EQ(a.per_vcpu.size(), 3u);
+  EXPECT_EQ(a.per_vcpu[1]->vm, 1);
+  EXPECT_EQ(a.per_vcpu[1]->vcpu, 1);
+  EXPECT_EQ(a.per_vcpu[1]->time_ns, 5000u);
+  ASSERT_EQ(slow.size(), 1u);
+  EXPECT_EQ(slow[0], "HLT@1");
+  EXPECT_EQ(a.slow_exits, 1u);
+
+  KvmAggregator only({.vcpu = 0, .pid = 2});
+  only.OnExit(Exit("HLT", 100, 0, 1));
+  only.OnExit(Exit("HLT", 5000, 1, 2));
+  only.OnExit(Exit("HLT", 200, 0, 2));
+  EXPECT_EQ(only.analysis().all.samples, 1u);
+  EXPECT_EQ(only.analysis().all.time_ns, 200u);
+  EXPECT_EQ(only.analysis().exits_filtered, 2u);
+
+  only.Reset();
+  EXPECT_EQ(only.analysis().all.samples, 0u);
+  EXPECT_TRUE(only.analysis().all.rows.empty());
+}
+
+TEST(KvmStats, ParsersRejectUnknownNames) {
+  KvmEventClass c;
+  EXPECT_TRUE(ParseKvmEventClass("ioport", &c));
+  EXPECT_EQ(c, KvmEventClass::kIoport);
+  EXPECT_FALSE(ParseKvmEventClass("io", &c));
+  KvmSortKey k;
+  EXPECT_TRUE(ParseKvmSortKey("p999", &k));
+  EXPECT_EQ(k, KvmSortKey::kP999);
+  EXPECT_FALSE(ParseKvmSortKey("median", &k));
+}
+
+}  // namespace
+}  // namespace exitscope::analysis

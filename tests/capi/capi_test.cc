@@ -1,0 +1,165 @@
+// The C API as a C VMM sees it: status codes, messages, no exceptions, NULL safety.
+#include "exitscope/exitscope.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <unistd.h>
+
+namespace {
+
+std::string TempPath(const char* name) {
+  return testing::TempDir() + "/capi_" + std::to_string(::getpid()) + "_" + name;
+}
+
+class CApiTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    es_options o;
+    es_options_init(&o);
+    o.num_vcpus = 2;
+    o.events_per_vcpu = 64;
+    o.log_slow_exits = 0;
+    ASSERT_EQ(es_recorder_create(&o, &rec_), ES_OK) << es_last_error();
+  }
+  void TearDown() override { es_recorder_destroy(rec_); }
+  es_recorder* rec_ = nullptr;
+};
+
+TEST(CApi, OptionsDefaultsMatchTheLibrary) {
+  es_options o;
+  es_options_init(&o);
+  EXPECT_EQ(o.num_vcpus, 1u);
+  EXPECT_EQ(o.slow_exit_ns, 20'000'000u);
+  EXPECT_EQ(o.io_age_ns, 20'000'000'000u);
+  EXPECT_EQ(o.start_watchdog, 1);
+}
+
+TEST(CApi, BadOptionsAreRefusedWithAMessage) {
+  es_options o;
+  es_options_init(&o);
+  o.num_vcpus = 0;
+  es_recorder* r = reinterpret_cast<es_recorder*>(0x1);
+  EXPECT_EQ(es_recorder_create(&o, &r), ES_EINVAL);
+  EXPECT_EQ(r, nullptr);
+  EXPECT_NE(std::string(es_last_error()), "");
+  EXPECT_EQ(es_recorder_create(&o, nullptr), ES_EINVAL);
+}
+
+TEST(CApi, NullHandlesAreSafe) {
+  es_begin_exit(nullptr, 0, ES_EXIT_PIO, 0x3f8, 1, ES_DIR_WRITE, 0);
+  es_end_exit(nullptr, 0);
+  es_io_submit(nullptr, 0, 1);
+  es_recorder_destroy(nullptr);
+  EXPECT_EQ(es_write_dump(nullptr, "x", 0), ES_EINVAL);
+  EXPECT_EQ(es_add_device(nullptr, "a", "b", nullptr), ES_EINVAL);
+  EXPECT_STREQ(es_status_name(ES_ECORRUPT), "corrupt");
+}
+
+TEST_F(CApiTest, DevicesRangesAndResolution) {
+  uint32_t uart = 99, nvme = 99;
+  ASSERT_EQ(es_add_device(rec_, "uart0", "uart16550", &uart), ES_OK);
+  ASSERT_EQ(es_add_device(rec_, "nvme0", "nvme", &nvme), ES_OK);
+  EXPECT_EQ(es_add_device(rec_, "nvme0", "nvme", nullptr), ES_EEXIST);
+  ASSERT_EQ(es_add_range_builtin(rec_, ES_SPACE_PIO, 0x3f8, 8, uart, "uart16550"), ES_OK);
+  ASSERT_EQ(es_add_range_builtin(rec_, ES_SPACE_MMIO, 0xfebf0000, 0x4000, nvme, "nvme"), ES_OK);
+  EXPECT_EQ(es_add_range_builtin(rec_, ES_SPACE_MMIO, 0xfebf3000, 0x1000, nvme, nullptr), ES_EEXIST);
+  EXPECT_NE(std::string(es_last_error()).find("overlaps"), std::string::npos) << es_last_error();
+  EXPECT_EQ(es_add_range_builtin(rec_, ES_SPACE_MMIO, 0x1000, 0x10, nvme, "no-such-map"), ES_ENOENT)
+      << es_last_error();
+  EXPECT_EQ(es_add_range_file(rec_, ES_SPACE_MMIO, 0x1000, 0x10, nvme, "/nonexistent.map"), ES_EIO)
+      << es_last_error();
+
+  char buf[64];
+  ASSERT_EQ(es_resolve(rec_, ES_SPACE_MMIO, 0xfebf1008, 4, ES_DIR_WRITE, buf, sizeof buf), ES_OK);
+  EXPECT_STREQ(buf, "nvme0.SQ1TDBL");
+  ASSERT_EQ(es_resolve(rec_, ES_SPACE_MMIO, 0xfebf0016, 2, ES_DIR_READ, buf, sizeof buf), ES_OK);
+  EXPECT_STREQ(buf, "nvme0.CC+2");
+  ASSERT_EQ(es_resolve(rec_, ES_SPACE_PIO, 0x3f8, 1, ES_DIR_WRITE, buf, sizeof buf), ES_OK);
+  EXPECT_STREQ(buf, "uart0.THR");
+  ASSERT_EQ(es_resolve(rec_, ES_SPACE_MMIO, 0xdead0000, 4, ES_DIR_READ, buf, sizeof buf), ES_OK);
+  EXPECT_STREQ(buf, "unassigned");
+  char tiny[4];
+  EXPECT_EQ(es_resolve(rec_, ES_SPACE_MMIO, 0xfebf1008, 4, ES_DIR_WRITE, tiny, sizeof tiny),
+            ES_EINVAL);
+  EXPECT_EQ(std::string(tiny), "nvm");
+}
+
+struct HookLog {
+  std::vector<es_event_type> types;
+  std::vector<std::string> lines, regs;
+};
+
+TEST_F(CApiTest, ExitsHooksCountersAndDump) {
+  uint32_t nvme = 0;
+  ASSERT_EQ(es_add_device(rec_, "nvme0", "nvme", &nvme), ES_OK);
+  ASSERT_EQ(es_add_range_builtin(rec_, ES_SPACE_MMIO, 0xfebf0000, 0x4000, nvme, "nvme"), ES_OK);
+  HookLog log;
+  ASSERT_EQ(es_set_finding_hook(
+                rec_,
+                [](const es_finding* f, void* user) {
+                  auto* l = static_cast<HookLog*>(user);
+                  l->types.push_back(f->type);
+                  l->lines.emplace_back(f->line);
+                  l->regs.emplace_back(f->reg);
+                },
+                &log),
+            ES_OK);
+  ASSERT_EQ(es_set_slow_exit_ns(rec_, 5'000'000), ES_OK);
+  EXPECT_EQ(es_set_slow_exit_ns(rec_, 0), ES_EINVAL);
+  for (int i = 0; i < 100; ++i) {
+    es_begin_exit(rec_, 0, ES_EXIT_MMIO, 0xfebf001c, 4, ES_DIR_READ, 0);
+    es_end_exit_value(rec_, 0, 1);
+  }
+  es_begin_exit(rec_, 1, ES_EXIT_MMIO, 0xfebf1008, 4, ES_DIR_WRITE, 7);
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  es_end_exit(rec_, 1);
+  es_begin_exit(rec_, 7, ES_EXIT_HLT, 0, 0, ES_DIR_NONE, 0);  // bad vCPU: counted, dropped
+  es_end_exit(rec_, 0);                                       // end without begin: counted
+
+  es_counters c;
+  ASSERT_EQ(es_get_counters(rec_, &c), ES_OK);
+  EXPECT_EQ(c.exits_written, 101u);
+  EXPECT_EQ(c.exits_overwritten, 100u - 64u);  // vCPU 0 wrote 100 into a ring of 64
+  EXPECT_EQ(c.slow_exits, 1u);
+  EXPECT_EQ(c.bad_vcpu, 1u);
+  EXPECT_EQ(c.end_without_begin, 1u);
+  ASSERT_FALSE(log.types.empty());
+  EXPECT_EQ(log.types.back(), ES_SLOW_EXIT);
+  EXPECT_EQ(log.regs.back(), "SQ1TDBL");
+  EXPECT_NE(log.lines.back().find("vCPU 1: exit MMIO write 4B to nvme0.SQ1TDBL (0xfebf1008) took"),
+            std::string::npos)
+      << log.lines.back();
+
+  const std::string path = TempPath("dump.esdump");
+  ASSERT_EQ(es_write_dump(rec_, path.c_str(), 0), ES_OK) << es_last_error();
+  EXPECT_EQ(es_check_dump(path.c_str()), ES_OK) << es_last_error();
+  EXPECT_EQ(es_check_dump("/nonexistent/dump"), ES_EIO);
+
+  // A truncated copy is refused as corrupt, naming the file.
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string cut = TempPath("cut.esdump");
+  std::ofstream(cut, std::ios::binary).write(bytes.data(), bytes.size() / 2);
+  EXPECT_EQ(es_check_dump(cut.c_str()), ES_ECORRUPT);
+  EXPECT_NE(std::string(es_last_error()).find(cut), std::string::npos) << es_last_error();
+  std::remove(path.c_str());
+  std::remove(cut.c_str());
+}
+
+TEST_F(CApiTest, AttributesCountersAndWatchdog) {
+  EXPECT_EQ(es_set_attribute(rec_, "vmm", "capi_test"), ES_OK);
+  EXPECT_EQ(es_set_vcpu_counter(rec_, 1, "kvm.exits", 42), ES_OK);
+  EXPECT_EQ(es_set_vcpu_counter(rec_, 9, "kvm.exits", 42), ES_EINVAL);
+  EXPECT_EQ(es_watchdog_start(rec_, 1'000'000, 0), ES_OK);
+  es_watchdog_stop(rec_);
+  EXPECT_EQ(es_install_dump_signal(rec_, 0, "/tmp"), ES_EINVAL);
+}
+
+}  // namespace

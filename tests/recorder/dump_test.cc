@@ -1,0 +1,275 @@
+#include "exitscope/dump.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "exitscope/recorder.h"
+
+namespace exitscope {
+namespace {
+
+namespace fs = std::filesystem;
+
+uint32_t Crc32(std::string_view d) {
+  uint32_t c = 0xffffffffu;
+  for (unsigned char b : d) {
+    c ^= b;
+    for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xedb88320u ^ (c >> 1) : c >> 1;
+  }
+  return c ^ 0xffffffffu;
+}
+uint32_t Le32(const std::string& s, size_t at) {
+  uint32_t v;
+  std::memcpy(&v, s.data() + at, 4);
+  return v;
+}
+uint64_t Le64(const std::string& s, size_t at) {
+  uint64_t v;
+  std::memcpy(&v, s.data() + at, 8);
+  return v;
+}
+void Put32(std::string& s, size_t at, uint32_t v) {
+  std::memcpy(s.data() + at, &v, 4);
+}
+void FixHeaderCrc(std::string& s) {
+  Put32(s, 36, 0);
+  Put32(s, 36, Crc32(std::string_view(s).substr(0, 64)));
+}
+
+class DumpTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("exitscope-dump-test-" + std::to_string(getpid()));
+    fs::create_directories(dir_);
+    RecorderOptions o;
+    o.num_vcpus = 3;
+    o.events_per_vcpu = 64;
+    o.start_watchdog = false;
+    o.slow_exit.threshold_ns = 1'000'000;
+    rec_ = std::move(*Recorder::Create(o));
+    rec_->SetLogSink([](std::string_view) {});
+    const uint32_t nvme =
+        *rec_->address_space().AddDevice({.name = "nvme0", .kind = "nvme", .id = 0x0300});
+    const uint32_t com = *rec_->address_space().AddDevice({.name = "com1", .kind = "uart16550"});
+    (void)rec_->address_space().AddRange(IoSpace::kMmio, 0xfebf0000, 0x4000, nvme,
+                                         *RegisterMap::Builtin("nvme"));
+    (void)rec_->address_space().AddRange(IoSpace::kPio, 0x3f8, 8, com,
+                                         *RegisterMap::Builtin("uart16550"));
+    for (int i = 0; i < 100; ++i) {  // wraps vCPU 0's ring
+      rec_->BeginExit(0, ExitKind::kMmio, 0xfebf1000 + 8 * (i % 4), 4, AccessDir::kWrite,
+                      0x1000 + i);
+      rec_->EndExit(0);
+    }
+    rec_->BeginExit(1, ExitKind::kPio, 0x3f8, 1, AccessDir::kWrite, 'h');
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    rec_->EndExit(1);                                                      // a slow exit -> finding
+    rec_->BeginExit(2, ExitKind::kMmio, 0xfebf001c, 4, AccessDir::kRead);  // in progress
+    rec_->IoSubmit(nvme, 9);
+    rec_->BackendError(nvme, -5, "EIO");
+    rec_->SetAttribute("vmm", "test");
+    (void)rec_->SetVcpuCounter(0, "kvm.exits", 555);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  fs::path dir_;
+  std::unique_ptr<Recorder> rec_;
+};
+
+TEST_F(DumpTest, RoundTripThroughFile) {
+  const std::string path = (dir_ / "a.esdump").string();
+  ASSERT_TRUE(rec_->WriteDump(path).has_value());
+  auto d = ReadDump(path);
+  ASSERT_TRUE(d.has_value()) << d.error().message;
+  EXPECT_EQ(d->version, kDumpVersion);
+  EXPECT_FALSE(d->includes_guest_data);
+  ASSERT_EQ(d->vcpus.size(), 3u);
+  EXPECT_EQ(d->vcpus[0].exits.size(), 64u);
+  EXPECT_EQ(d->vcpus[0].counters.written, 100u);
+  EXPECT_EQ(d->vcpus[0].counters.overwritten, 36u);
+  EXPECT_EQ(d->DescribeExit(d->vcpus[0].exits.back()),
+            "exit MMIO write 4B to nvme0.SQ3TDBL (0xfebf1018)");
+  EXPECT_EQ(d->vcpus[0].exits.back().value, 0u);
+  EXPECT_EQ(d->DescribeExit(d->vcpus[1].exits[0]), "exit PIO write 1B to com1.THR (port 0x3f8)");
+  ASSERT_TRUE(d->vcpus[2].in_progress.has_value());
+  EXPECT_EQ(d->DescribeExit(*d->vcpus[2].in_progress),
+            "exit MMIO read 4B from nvme0.CSTS (0xfebf001c)");
+  EXPECT_EQ(d->vcpus[0].named_counters.at("kvm.exits"), 555u);
+  EXPECT_EQ(d->Attribute("vmm"), "test");
+  ASSERT_EQ(d->devices.size(), 2u);
+  EXPECT_EQ(d->devices[0].id, 0x0300u);
+  EXPECT_EQ(d->maps.size(), 2u);
+  ASSERT_EQ(d->findings.size(), 1u);
+  EXPECT_EQ(d->findings[0].type, FindingType::kSlowExit);
+  EXPECT_EQ(
+      d->findings[0].text.rfind("vCPU 1: exit PIO write 1B to com1.THR (port 0x3f8) took ", 0), 0u);
+  ASSERT_EQ(d->device_events.size(), 2u);
+  EXPECT_EQ(d->device_events[1].note, "EIO");
+  EXPECT_EQ(d->counters.io_in_flight, 1u);
+  EXPECT_EQ(d->clock.source, rec_->clock().calibration().source);
+  EXPECT_EQ(d->clock.tsc_hz, rec_->clock().calibration().tsc_hz);
+  EXPECT_EQ(d->process.pid, getpid());
+  EXPECT_FALSE(d->host.sysname.empty());
+  // Serialising what was read gives the same bytes.
+  std::string bytes;
+  {
+    auto again = ParseDump(SerializeDump(*d));
+    ASSERT_TRUE(again.has_value()) << again.error().message;
+    EXPECT_EQ(SerializeDump(*again), SerializeDump(*d));
+  }
+}
+
+TEST_F(DumpTest, GuestDataOnlyWhenAskedFor) {
+  const std::string plain = (dir_ / "plain.esdump").string();
+  const std::string with = (dir_ / "with.esdump").string();
+  ASSERT_TRUE(rec_->WriteDump(plain).has_value());
+  ASSERT_TRUE(rec_->WriteDump(with, {.include_guest_data = true}).has_value());
+  auto p = ReadDump(plain);
+  auto w = ReadDump(with);
+  ASSERT_TRUE(p && w);
+  EXPECT_FALSE(p->includes_guest_data);
+  EXPECT_TRUE(w->includes_guest_data);
+  EXPECT_EQ(w->vcpus[0].exits.back().value, 0x1000u + 99);
+  EXPECT_NE(w->vcpus[0].exits.back().flags & kExitFlagValue, 0);
+  for (const auto& v : p->vcpus) {
+    for (const auto& e : v.exits) {
+      EXPECT_EQ(e.value, 0u);
+      EXPECT_EQ(e.flags & kExitFlagValue, 0);
+    }
+  }
+  // A snapshot with data serialised without the opt-in drops it too.
+  auto stripped = ParseDump(SerializeDump(rec_->Snapshot({.include_guest_data = true})));
+  ASSERT_TRUE(stripped.has_value());
+  EXPECT_FALSE(stripped->includes_guest_data);
+  EXPECT_EQ(stripped->vcpus[0].exits.back().value, 0u);
+}
+
+TEST_F(DumpTest, FutureVersionIsUnsupported) {
+  std::string b = SerializeDump(rec_->Snapshot());
+  Put32(b, 8, kDumpVersion + 2);
+  FixHeaderCrc(b);
+  auto d = ParseDump(b, "future.esdump");
+  ASSERT_FALSE(d.has_value());
+  EXPECT_EQ(d.error().code, ErrorCode::kUnsupported);
+  EXPECT_EQ(d.error().message, "future.esdump: dump version " + std::to_string(kDumpVersion + 2) +
+                                   " is newer than this exitscope (max " +
+                                   std::to_string(kDumpVersion) + ")");
+}
+
+TEST_F(DumpTest, TruncationNamesSectionAndOffset) {
+  const std::string b = SerializeDump(rec_->Snapshot());
+  // Find the exits section (id 7) in the table and cut inside it.
+  uint64_t off = 0, len = 0;
+  for (uint32_t i = 0; i < Le32(b, 20); ++i) {
+    const size_t e = 64 + 32 * i;
+    if (Le32(b, e) == 7) {
+      off = Le64(b, e + 8);
+      len = Le64(b, e + 16);
+    }
+  }
+  ASSERT_GT(len, 0u);
+  const std::string cut = b.substr(0, off + 10);
+  auto d = ParseDump(cut, "cut.esdump");
+  ASSERT_FALSE(d.has_value());
+  EXPECT_EQ(d.error().code, ErrorCode::kCorrupt);
+  EXPECT_EQ(d.error().message, "cut.esdump: truncated at offset " + std::to_string(off + 10) +
+                                   ": section 'exits' needs " + std::to_string(len) +
+                                   " bytes at offset " + std::to_string(off));
+}
+
+TEST_F(DumpTest, SemanticCorruptionWithValidChecksumIsRejected) {
+  std::string b = SerializeDump(rec_->Snapshot());
+  for (uint32_t i = 0; i < Le32(b, 20); ++i) {
+    const size_t e = 64 + 32 * i;
+    if (Le32(b, e) != 7) continue;
+    const uint64_t off = Le64(b, e + 8), len = Le64(b, e + 16);
+    b[off + 8 + 52] = static_cast<char>(200);  // kind of the first exit
+    Put32(b, e + 24, Crc32(std::string_view(b).substr(off, len)));
+  }
+  Put32(b, 32, Crc32(std::string_view(b).substr(64, 32 * Le32(b, 20))));
+  FixHeaderCrc(b);
+  auto d = ParseDump(b, "x");
+  ASSERT_FALSE(d.has_value());
+  EXPECT_EQ(d.error().code, ErrorCode::kCorrupt);
+  EXPECT_NE(d.error().message.find("section 'exits' is corrupt at offset"), std::string::npos)
+      << d.error().message;
+  EXPECT_NE(d.error().message.find("exit kind 200 is unknown"), std::string::npos)
+      << d.error().message;
+}
+
+// Fuzz-style: every truncation and byte flips across the whole file give a clean error.
+TEST_F(DumpTest, FlippedAndTruncatedBytesNeverCrash) {
+  const std::string b =
+      SerializeDump(rec_->Snapshot({.include_guest_data = true}), {.include_guest_data = true});
+  ASSERT_TRUE(ParseDump(b).has_value());
+  for (size_t n = 0; n < b.size(); n += (n < 4096 ? 1 : 7)) {
+    auto d = ParseDump(std::string_view(b).substr(0, n), "t");
+    ASSERT_FALSE(d.has_value()) << n;
+    ASSERT_EQ(d.error().code, ErrorCode::kCorrupt) << d.error().message;
+    ASSERT_FALSE(d.error().message.empty());
+  }
+  std::mt19937 rng(7);
+  for (size_t i = 0; i < b.size(); i += 1 + i / 512) {
+    std::string m = b;
+    m[i] = static_cast<char>(m[i] ^ (1 + rng() % 255));
+    auto d = ParseDump(m, "f");
+    if (d.has_value()) continue;  // e.g. a flip in reserved header bytes covered by nothing
+    ASSERT_TRUE(d.error().code == ErrorCode::kCorrupt || d.error().code == ErrorCode::kUnsupported)
+        << d.error().message;
+  }
+  // Flips with checksums recomputed reach the section decoders.
+  for (int round = 0; round < 3000; ++round) {
+    std::string m = b;
+    const size_t at = 64 + 32 * 9 + rng() % (m.size() - 64 - 32 * 9);
+    m[at] = static_cast<char>(rng());
+    for (uint32_t i = 0; i < 9; ++i) {
+      const size_t e = 64 + 32 * i;
+      Put32(m, e + 24, Crc32(std::string_view(m).substr(Le64(m, e + 8), Le64(m, e + 16))));
+    }
+    Put32(m, 32, Crc32(std::string_view(m).substr(64, 32 * 9)));
+    FixHeaderCrc(m);
+    auto d = ParseDump(m, "f");
+    if (!d.has_value()) {
+      ASSERT_EQ(d.error().code, ErrorCode::kCorrupt) << d.error().message;
+    }
+  }
+  for (int round = 0; round < 2000; ++round) {
+    std::string junk(rng() % 512, '\0');
+    for (char& c : junk) c = static_cast<char>(rng());
+    if (round % 2 == 0 && junk.size() >= 8) std::memcpy(junk.data(), kDumpMagic, 8);
+    EXPECT_FALSE(ParseDump(junk).has_value());
+  }
+  auto missing = ReadDump((dir_ / "missing.esdump").string());
+  ASSERT_FALSE(missing.has_value());
+  EXPECT_EQ(missing.error().code, ErrorCode::kIo);
+  auto notdump = ParseDump(
+      "hello world, this is not a dump at all......................................", "n");
+  ASSERT_FALSE(notdump.has_value());
+  EXPECT_EQ(notdump.error().message, "n: not an exitscope dump (bad magic)");
+}
+
+TEST_F(DumpTest, DumpOnSignal) {
+  ASSERT_FALSE(rec_->InstallDumpSignal(SIGUSR1, "/nonexistent-dir").has_value());
+  ASSERT_TRUE(rec_->InstallDumpSignal(SIGUSR1, dir_.string()).has_value());
+  ASSERT_EQ(raise(SIGUSR1), 0);
+  std::string path;
+  for (int i = 0; i < 2000 && path.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    path = rec_->last_signal_dump();
+  }
+  ASSERT_FALSE(path.empty()) << "no dump written within 10 s of the signal";
+  EXPECT_EQ(fs::path(path).parent_path(), dir_);
+  auto d = ReadDump(path);
+  ASSERT_TRUE(d.has_value()) << d.error().message;
+  EXPECT_EQ(d->vcpus.size(), 3u);
+  rec_->RemoveDumpSignal();
+}
+
+}  // namespace
+}  // namespace exitscope

@@ -1,0 +1,166 @@
+// The perf-kvm-stat table layout, JSON and CSV output, histograms.
+#include "report/kvm_report.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <sstream>
+#include <string>
+
+namespace exitscope::report {
+namespace {
+
+using analysis::KvmAggregator;
+using analysis::KvmAnalysisOptions;
+using analysis::KvmEventClass;
+
+ExitEvent Exit(std::string_view reason, uint64_t dur) {
+  ExitEvent e;
+  e.reason = reason;
+  e.duration_ns = dur;
+  e.vm = 16330;
+  return e;
+}
+
+std::unique_ptr<KvmAggregator> Sample(KvmAnalysisOptions o = {}) {
+  auto agg = std::make_unique<KvmAggregator>(std::move(o));
+  // FACTS.md's perf example rows, reproduced with round numbers.
+  for (int i = 0; i < 354; ++i) agg->OnExit(Exit("HC_WRMSR", 280 + static_cast<uint64_t>(i)));
+  for (int i = 0; i < 155; ++i) agg->OnExit(Exit("HC_IRQ_HALT", 16660 + 1000 * static_cast<uint64_t>(i)));
+  agg->Finish();
+  return agg;
+}
+
+TEST(KvmReport, TableHasPerfLayoutHeaderAndFooter) {
+  auto agg = Sample();
+  sources::KvmPairingStats stats;
+  stats.records_total = 1000;
+  stats.exits = 509;
+  KvmReportContext ctx{.input = "x.dat", .format = "trace-cmd .dat", .clock = "local",
+                       .pairing = &stats};
+  const std::string t = RenderKvmTable(agg->analysis(), ctx, {});
+  EXPECT_NE(t.find("Analyze events for all VMs, all VCPUs:\n"), std::string::npos) << t;
+  // perf: "%20s %10s %9s %9s %11s %11s %16s".
+  EXPECT_NE(t.find("             VM-EXIT    Samples  Samples%     Time%    Min Time    Max Time"
+                   "         Avg time"),
+            std::string::npos)
+      << t;
+  // A row: "%20s %10llu %8.2f%% %8.2f%% %9.2fus %9.2fus %9.2fus ( +-%7.2f%% )".
+  std::istringstream in(t);
+  std::string line, wrmsr;
+  while (std::getline(in, line)) {
+    if (line.find("HC_WRMSR") != std::string::npos) wrmsr = line;
+  }
+  ASSERT_FALSE(wrmsr.empty());
+  EXPECT_EQ(wrmsr.substr(0, 20), "            HC_WRMSR");
+  EXPECT_EQ(wrmsr.substr(20, 11), "        354");
+  EXPECT_EQ(wrmsr.substr(31, 10), "   69.55% ");
+  EXPECT_NE(wrmsr.find("      0.28us "), std::string::npos) << wrmsr;
+  EXPECT_NE(wrmsr.find("( +-"), std::string::npos);
+  EXPECT_NE(t.find("\nTotal Samples:509, Total events handled time:"), std::string::npos) << t;
+  EXPECT_NE(t.find("standard error of the mean"), std::string::npos);
+  EXPECT_NE(t.find("509 exits paired"), std::string::npos) << t;
+  // Default sort by samples: HC_WRMSR (354) before HC_IRQ_HALT (155).
+  EXPECT_LT(t.find("HC_WRMSR"), t.find("HC_IRQ_HALT"));
+  // --key time: HC_IRQ_HALT holds most of the time.
+  const std::string by_time =
+      RenderKvmTable(agg->analysis(), ctx, {.sort = analysis::KvmSortKey::kTime});
+  EXPECT_LT(by_time.find("HC_IRQ_HALT"), by_time.find("HC_WRMSR"));
+}
+
+TEST(KvmReport, PercentilesHistogramAndScopes) {
+  auto agg = Sample({.per_vcpu = true, .per_vm = true});
+  KvmReportContext ctx{.input = "x", .pid = -1, .vcpu = -1};
+  const std::string t = RenderKvmTable(
+      agg->analysis(), ctx,
+      {.percentiles = true, .histogram = true, .per_vm = true, .per_vcpu = true});
+  EXPECT_NE(t.find("p99.9"), std::string::npos);
+  EXPECT_NE(t.find("Analyze events for VM 16330, all VCPUs:"), std::string::npos) << t;
+  EXPECT_NE(t.find("Analyze events for VM 16330, VCPU 0:"), std::string::npos) << t;
+  EXPECT_NE(t.find("HC_IRQ_HALT (155 samples)"), std::string::npos) << t;
+  EXPECT_NE(t.find("|#"), std::string::npos);
+  EXPECT_NE(t.find("log-linear histogram"), std::string::npos);
+}
+
+TEST(KvmReport, HistogramBinsCoverEverySample) {
+  analysis::KvmRow row;
+  row.key = "IO";
+  for (uint64_t v : {1000, 1500, 3000, 3100, 3200, 70000}) row.stats.Add(v);
+  const std::string h = RenderKvmHistogram(row, 10);
+  // Bins 512ns-1us .. 64us-128us; counts 2 (1000,1500 in [512? no: [1024?) ...) sum to 6.
+  std::istringstream in(h);
+  std::string line;
+  uint64_t total = 0;
+  int bins = 0;
+  std::getline(in, line);
+  EXPECT_EQ(line, "IO (6 samples)");
+  while (std::getline(in, line)) {
+    const size_t bar = line.rfind('|');
+    ASSERT_NE(bar, std::string::npos) << line;
+    total += std::stoull(line.substr(bar + 1));
+    ++bins;
+  }
+  EXPECT_EQ(total, 6u);
+  EXPECT_EQ(bins, 8);  // 512 ns .. 128 us: 2^9 .. 2^16
+}
+
+TEST(KvmReport, JsonIsStableAndComplete) {
+  auto agg = Sample();
+  sources::KvmPairingStats stats;
+  stats.records[static_cast<size_t>(sources::KvmEventType::kUserspaceExit)] = 7;
+  stats.unpaired_exits = 2;
+  std::vector<KvmSlowExit> slow = {{.start_ns = 5, .duration_ns = 9, .reason = "HC_IRQ_HALT"}};
+  KvmReportContext ctx{.input = "x.dat", .format = "trace-cmd .dat", .clock = "x86-tsc",
+                       .tsc_khz = 2596000, .pairing = &stats, .slow_exits = &slow};
+  const auto j = nlohmann::json::parse(RenderKvmJson(agg->analysis(), ctx, {.histogram = true}));
+  EXPECT_EQ(j["schema"], 1);
+  EXPECT_EQ(j["event"], "vmexit");
+  EXPECT_EQ(j["input"]["clock"], "x86-tsc");
+  EXPECT_EQ(j["input"]["tsc_khz"], 2596000);
+  EXPECT_EQ(j["all"]["samples"], 509);
+  ASSERT_EQ(j["all"]["rows"].size(), 2u);
+  const auto& row = j["all"]["rows"][0];
+  EXPECT_EQ(row["key"], "HC_WRMSR");
+  EXPECT_EQ(row["samples"], 354);
+  EXPECT_EQ(row["min_ns"], 280);
+  EXPECT_EQ(row["max_ns"], 633);
+  for (const char* k : {"samples_pct", "time_ns", "time_pct", "mean_ns", "stderr_pct", "p50_ns",
+                        "p99_ns", "p999_ns", "histogram"}) {
+    EXPECT_TRUE(row.contains(k)) << k;
+  }
+  uint64_t hist_total = 0;
+  for (const auto& b : row["histogram"]) hist_total += b["count"].get<uint64_t>();
+  EXPECT_EQ(hist_total, 354u);
+  EXPECT_EQ(j["pairing"]["records"]["kvm_userspace_exit"], 7);
+  EXPECT_EQ(j["pairing"]["unpaired_exits"], 2);
+  EXPECT_EQ(j["slow_exits"][0]["reason"], "HC_IRQ_HALT");
+  EXPECT_TRUE(j["filters"]["pid"].is_null());
+}
+
+TEST(KvmReport, CsvHasHeaderAndOneLinePerRow) {
+  auto agg = Sample({.per_vm = true});
+  const std::string csv = RenderKvmCsv(agg->analysis(), {}, {.per_vm = true});
+  std::istringstream in(csv);
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line.rfind("scope,vm,vcpu,key,name,samples,", 0), 0u);
+  int rows = 0;
+  while (std::getline(in, line)) {
+    ++rows;
+    EXPECT_EQ(std::count(line.begin(), line.end(), ','), 15) << line;
+  }
+  EXPECT_EQ(rows, 4);  // 2 rows for all, 2 for VM 16330
+}
+
+TEST(KvmReport, SlowExitLine) {
+  ExitEvent e = Exit("IO", 39500);
+  e.start_ns = 123;
+  e.vcpu = 1;
+  e.device = "com1";
+  e.reg = "THR";
+  EXPECT_EQ(FormatKvmSlowExit(e, "0x3f8:POUT"),
+            "123 VM 16330, vcpu 1: IO 0x3f8:POUT (com1.THR) event took 39usec");
+}
+
+}  // namespace
+}  // namespace exitscope::report

@@ -1,0 +1,241 @@
+// Text trace parsing: trace-cmd report lines (real, from the capture), ftrace `trace` lines
+// with latency flags and tgid, `perf script` lines in perf's real layout
+// ("%16s %5d [%03d] %12.6f: sys:event: fmt", checked against `perf script` output of sched
+// tracepoints on this machine), kvm_exit print-fmt text for VMX / SVM / PVM, lost-event
+// markers, and errors on malformed or truncated input.
+#include "sources/trace_text.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace exitscope::sources {
+namespace {
+
+struct Parsed {
+  TextLineKind kind;
+  KvmRecord rec;
+  int64_t lost = 0;
+  TextFlavor flavor = TextFlavor::kAuto;
+};
+
+Parsed Parse(std::string_view line, TextOptions o = {}) {
+  Parsed p;
+  p.kind = ParseTraceLine(line, o, &p.rec, &p.lost, &p.flavor);
+  return p;
+}
+
+TEST(TraceText, TraceCmdReportLinesFromTheCapture) {
+  Parsed p = Parse(
+      "            pvmx-16330 [000]4396959646611: kvm_userspace_exit:   reason KVM_EXIT_IO (2)");
+  ASSERT_EQ(p.kind, TextLineKind::kRecord);
+  EXPECT_EQ(p.flavor, TextFlavor::kTraceCmdReport);
+  EXPECT_EQ(p.rec.type, KvmEventType::kUserspaceExit);
+  EXPECT_EQ(p.rec.tid, 16330);
+  EXPECT_EQ(p.rec.cpu, 0u);
+  EXPECT_EQ(p.rec.ts, 4396959646611u);
+  EXPECT_EQ(p.rec.reason, 2u);
+
+  p = Parse("            pvmx-16330 [000]4396959623471: kvm_pio:              pio_write at 0x3f8 "
+            "size 1 count 1 val 0x0 ");
+  ASSERT_EQ(p.kind, TextLineKind::kRecord);
+  EXPECT_EQ(p.rec.type, KvmEventType::kPio);
+  EXPECT_EQ(p.rec.addr, 0x3f8u);
+  EXPECT_EQ(p.rec.write, 1u);
+  EXPECT_EQ(p.rec.size, 1u);
+
+  p = Parse("            pvmx-16332 [000]4397200537326: kvm_mmio:             mmio write len 4 "
+            "gpa 0xd0000 val 0x0");
+  ASSERT_EQ(p.kind, TextLineKind::kRecord);
+  EXPECT_EQ(p.rec.type, KvmEventType::kMmio);
+  EXPECT_EQ(p.rec.mmio_type, kKvmMmioWrite);
+  EXPECT_EQ(p.rec.addr, 0xd0000u);
+  EXPECT_EQ(p.rec.size, 4u);
+
+  p = Parse("            pvmx-16330 [000]4396959617075: kvm_emulate_insn:     0:1000: ee");
+  ASSERT_EQ(p.kind, TextLineKind::kRecord);
+  EXPECT_EQ(p.rec.guest_rip, 0x1000u);
+  ASSERT_EQ(p.rec.insn_len, 1);
+  EXPECT_EQ(p.rec.insn[0], 0xee);
+
+  p = Parse("            pvmx-16330 [000]4397190021210: kvm_inj_exception:    [FAILED TO PARSE] "
+            "exception=13 has_error=1 error_code=0 reinjected=0");
+  ASSERT_EQ(p.kind, TextLineKind::kRecord);
+  EXPECT_EQ(p.rec.exception, 13);
+  EXPECT_EQ(p.rec.has_error, 1);
+
+  p = Parse("       kdamond.0-78    [001]4397278666884: kvm_age_hva:          mmu notifier age "
+            "hva: 0x007f78dfd07000 -- 0x007f78dfd08000");
+  ASSERT_EQ(p.kind, TextLineKind::kRecord);
+  EXPECT_EQ(p.rec.type, KvmEventType::kOther);
+  EXPECT_EQ(p.rec.tid, 78);
+  EXPECT_EQ(p.rec.cpu, 1u);
+
+  EXPECT_EQ(Parse("cpus=2").kind, TextLineKind::kSkip);
+  EXPECT_EQ(Parse("").kind, TextLineKind::kSkip);
+  EXPECT_EQ(Parse("# tracer: nop").kind, TextLineKind::kSkip);
+}
+
+TEST(TraceText, FtraceLinesWithFlagsTgidAndDecimalSeconds) {
+  Parsed p = Parse(
+      "       CPU 0/KVM-4711    (   4700) [002] d..1.  1234.567890: kvm_fpu: load");
+  ASSERT_EQ(p.kind, TextLineKind::kRecord);
+  EXPECT_EQ(p.flavor, TextFlavor::kFtrace);
+  EXPECT_EQ(p.rec.tid, 4711);
+  EXPECT_EQ(p.rec.tgid, 4700);
+  EXPECT_EQ(p.rec.cpu, 2u);
+  EXPECT_EQ(p.rec.ts, 1234567890000u);
+  EXPECT_EQ(p.rec.type, KvmEventType::kFpu);
+  EXPECT_EQ(p.rec.write, 1u);
+
+  p = Parse("  qemu-system-x86-4711 [002] .....  1234.567890123: kvm_entry: vcpu 3, rip 0x1000 "
+            "intr_info 0x00000000 error_code 0x00000000");
+  ASSERT_EQ(p.kind, TextLineKind::kRecord);
+  EXPECT_EQ(p.rec.ts, 1234567890123u);
+  EXPECT_EQ(p.rec.type, KvmEventType::kEntry);
+  EXPECT_EQ(p.rec.vcpu_id, 3);
+}
+
+TEST(TraceText, PerfScriptLines) {
+  // perf script: "%16s %5d [%03d] %12.6f: sys:event: fmt" (comm may contain spaces).
+  Parsed p = Parse(
+      "       CPU 0/KVM  4711 [002]  1154.938397: kvm:kvm_exit: vcpu 0 reason EPT_MISCONFIG rip "
+      "0xffffffff8106e5d4 info1 0x0000000000000000 info2 0x0000000000000000 intr_info 0x00000000 "
+      "error_code 0x00000000 requests 0x0000000000000000");
+  ASSERT_EQ(p.kind, TextLineKind::kRecord);
+  EXPECT_EQ(p.flavor, TextFlavor::kPerfScript);
+  EXPECT_EQ(p.rec.tid, 4711);
+  EXPECT_EQ(p.rec.cpu, 2u);
+  EXPECT_EQ(p.rec.ts, 1154938397000u);
+  EXPECT_EQ(p.rec.type, KvmEventType::kExit);
+  EXPECT_EQ(p.rec.exit_reason, 49u);
+  EXPECT_EQ(p.rec.isa, 1u);
+  EXPECT_EQ(p.rec.guest_rip, 0xffffffff8106e5d4u);
+  EXPECT_EQ(p.rec.vcpu_id, 0);
+
+  p = Parse("  qemu-system-x86  4700/4711 [002]  1154.938399: kvm:kvm_pio: pio_read at 0x3fd "
+            "size 1 count 1 val 0x60 ");
+  ASSERT_EQ(p.kind, TextLineKind::kRecord);
+  EXPECT_EQ(p.rec.tgid, 4700);
+  EXPECT_EQ(p.rec.tid, 4711);
+  EXPECT_EQ(p.rec.write, 0u);
+  EXPECT_EQ(p.rec.data, 0x60u);
+
+  p = Parse("            qemu  4711 [000]  1154.938400: kvm:kvm_msr: msr_write 6e0 = 0x2a7c5f3e1 ");
+  ASSERT_EQ(p.kind, TextLineKind::kRecord);
+  EXPECT_EQ(p.rec.type, KvmEventType::kMsr);
+  EXPECT_EQ(p.rec.addr, 0x6e0u);
+  EXPECT_EQ(p.rec.write, 1u);
+  EXPECT_EQ(p.rec.data, 0x2a7c5f3e1u);
+
+  p = Parse("            qemu  4711 [000]  1154.938401: kvm:kvm_hypercall: nr 0x9 a0 0x1 a1 0x0 "
+            "a2 0x0 a3 0x0");
+  ASSERT_EQ(p.kind, TextLineKind::kRecord);
+  EXPECT_EQ(p.rec.addr, 9u);
+}
+
+TEST(TraceText, ExitReasonsFromPrintFmtText) {
+  auto exit_line = [](std::string_view reason) {
+    return std::string("  qemu-4711 [001]  10.000001: kvm_exit: vcpu 1 reason ") +
+           std::string(reason) +
+           " rip 0x1000 info1 0x0000000000000000 info2 0x0000000017088208 intr_info 0x00000000 "
+           "error_code 0x00000000 requests 0x0000000000000000";
+  };
+  Parsed p = Parse(exit_line("HLT"));
+  ASSERT_EQ(p.kind, TextLineKind::kRecord);
+  EXPECT_EQ(p.rec.isa, 1u);
+  EXPECT_EQ(p.rec.exit_reason, 12u);
+
+  p = Parse(exit_line("INVALID_STATE FAILED_VMENTRY"));
+  ASSERT_EQ(p.kind, TextLineKind::kRecord);
+  EXPECT_EQ(p.rec.exit_reason, 0x80000021u);
+
+  p = Parse(exit_line("npf"));
+  EXPECT_EQ(p.rec.isa, 2u);
+  EXPECT_EQ(p.rec.exit_reason, 0x400u);
+
+  // A PVM host prints reasons through the SVM table: 0x20000 has no name there.
+  p = Parse(exit_line("0x20000"));
+  ASSERT_EQ(p.kind, TextLineKind::kRecord);
+  EXPECT_EQ(p.rec.isa, 3u);
+  EXPECT_EQ(p.rec.exit_reason, 0x20000u);
+  EXPECT_EQ(p.rec.info2, 0x17088208u);
+
+  // ... and PF excp (14 = 0x00e) has none either; with --isa pvm SVM names map back too.
+  p = Parse(exit_line("read_cr0"), {.isa = Isa::kPvm});
+  EXPECT_EQ(p.rec.isa, 3u);
+  EXPECT_EQ(p.rec.exit_reason, 0u);
+
+  EXPECT_EQ(Parse("  qemu-4711 [001]  10.000001: kvm_exit: vcpu 1 reason HLT").kind,
+            TextLineKind::kBad);
+}
+
+TEST(TraceText, LostEventsMarkers) {
+  Parsed p = Parse("CPU:3 [LOST 1234 EVENTS]");
+  ASSERT_EQ(p.kind, TextLineKind::kLost);
+  EXPECT_EQ(p.rec.cpu, 3u);
+  EXPECT_EQ(p.lost, 1234);
+  p = Parse("CPU:0 [LOST EVENTS]");
+  ASSERT_EQ(p.kind, TextLineKind::kLost);
+  EXPECT_EQ(p.lost, -1);
+}
+
+struct Count : EventSink {
+  int n = 0;
+  void OnExit(const ExitEvent&) override { ++n; }
+};
+
+TEST(TraceText, ReadAllPairsAndCountsLoss) {
+  const std::string text =
+      "cpus=1\n"
+      "  vmm-10 [000]  1.000000000: kvm_fpu: load\n"
+      "  vmm-10 [000]  1.000000100: kvm_pio: pio_write at 0x3f8 size 1 count 1 val 0x41 \n"
+      "  vmm-10 [000]  1.000000200: kvm_fpu: unload\n"
+      "  vmm-10 [000]  1.000000300: kvm_userspace_exit: reason KVM_EXIT_IO (2)\n"
+      "  vmm-10 [000]  1.000025300: kvm_fpu: load\n"
+      "CPU:0 [LOST 7 EVENTS]\n"
+      "  vmm-10 [000]  1.000030000: kvm_userspace_exit: reason KVM_EXIT_HLT (5)\n";
+  auto t = TraceText::FromString(text, "mem.txt");
+  ASSERT_TRUE(t.has_value()) << t.error().message;
+  EXPECT_EQ((*t)->clock(), "local");
+  Count sink;
+  KvmPairer p({}, &sink);
+  ASSERT_TRUE((*t)->ReadAll(&p).has_value());
+  EXPECT_EQ(sink.n, 1);
+  EXPECT_EQ(p.stats().lost_events, 7u);
+  EXPECT_EQ(p.stats().unpaired_exits, 1u);  // the HLT exit never ended
+}
+
+TEST(TraceText, MalformedLineIsAnErrorWithLineAndOffset) {
+  const std::string good = "  vmm-10 [000]  1.000000000: kvm_fpu: load\n";
+  auto t = TraceText::FromString(good + good + "  vmm-10 [000]  1.000000300: kvm_pio: garbage\n",
+                                 "bad.txt");
+  ASSERT_TRUE(t.has_value());
+  KvmPairer p({}, nullptr);
+  const Status s = (*t)->ReadAll(&p);
+  ASSERT_FALSE(s.has_value());
+  EXPECT_EQ(s.error().code, ErrorCode::kCorrupt);
+  EXPECT_NE(s.error().message.find("bad.txt: line 3 (offset " + std::to_string(2 * good.size())),
+            std::string::npos)
+      << s.error().message;
+
+  // A file cut inside a line.
+  auto cut = TraceText::FromString(good + "  vmm-10 [000]  1.00000", "cut.txt");
+  ASSERT_TRUE(cut.has_value());
+  const Status s2 = (*cut)->ReadAll(&p);
+  ASSERT_FALSE(s2.has_value());
+  EXPECT_NE(s2.error().message.find("truncated last line"), std::string::npos)
+      << s2.error().message;
+
+  auto junk = TraceText::FromString("hello world\n", "junk.txt");
+  ASSERT_FALSE(junk.has_value());
+  EXPECT_NE(junk.error().message.find("junk.txt: line 1 (offset 0)"), std::string::npos)
+      << junk.error().message;
+  auto empty = TraceText::FromString("", "empty.txt");
+  ASSERT_FALSE(empty.has_value());
+  EXPECT_NE(empty.error().message.find("empty.txt"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace exitscope::sources

@@ -1,0 +1,243 @@
+// Integration tests that boot the shipped guests on /dev/kvm. Each skips with a printed
+// reason where /dev/kvm is missing (as on CI machines that are themselves nested guests).
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "exitscope/dump.h"
+#include "guests/abi.h"
+#include "vmm/vmm.h"
+
+namespace exitscope::vmm {
+namespace {
+
+#define SKIP_WITHOUT_KVM()                                                              \
+  do {                                                                                  \
+    const int kvm_fd = open("/dev/kvm", O_RDWR | O_CLOEXEC);                            \
+    if (kvm_fd < 0) GTEST_SKIP() << "/dev/kvm not available: " << std::strerror(errno); \
+    close(kvm_fd);                                                                      \
+  } while (0)
+
+class Boot : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir = std::filesystem::temp_directory_path() /
+          ("exitscope-boot-" + std::to_string(getpid()) + "-" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir); }
+  VmmConfig Config(const std::string& guest, uint32_t vcpus = 2) {
+    VmmConfig c;
+    c.guest = guest;
+    c.vcpus = vcpus;
+    c.serial_quiet = true;
+    c.dump_path = (dir / "end.esdump").string();
+    c.dump_signal_dir = dir.string();
+    c.duration_s = 120;  // a hung guest fails the test instead of hanging it
+    return c;
+  }
+  std::filesystem::path dir;
+};
+
+class BootEach : public Boot, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(BootEach, GuestReportsPassOnEveryVcpu) {
+  SKIP_WITHOUT_KVM();
+  VmmConfig c = Config(GetParam());
+  if (GetParam() == "mmio-storm") c.guest_arg = 2000;
+  if (GetParam() == "idle") c.guest_arg = 50;
+  auto vmm = Vmm::Create(c);
+  ASSERT_TRUE(vmm) << vmm.error().message;
+  auto r = (*vmm)->Run();
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_FALSE(r->fatal) << r->fatal_detail;
+  for (const VcpuReport& v : r->vcpus) {
+    EXPECT_EQ(v.outcome.state, VcpuState::kFinished) << "vCPU " << v.vcpu << ": " << v.outcome.detail;
+    EXPECT_EQ(v.outcome.code, 0u) << "vCPU " << v.vcpu;
+  }
+  EXPECT_TRUE(r->passed);
+  EXPECT_GT(r->userspace_exits, 0u);
+  if (GetParam() == "hello") {
+    const std::string out = (*vmm)->uart().output();
+    EXPECT_NE(out.find("hello from vCPU 0 of 2"), std::string::npos) << out;
+    EXPECT_NE(out.find("hello from vCPU 1 of 2"), std::string::npos) << out;
+  }
+  if (GetParam() == "mmio-storm") {
+    EXPECT_GT(r->unassigned_accesses, 0u);
+  }
+  // The end-of-run dump is readable and holds the exits.
+  auto dump = ReadDump(c.dump_path);
+  ASSERT_TRUE(dump) << dump.error().message;
+  EXPECT_EQ(dump->vcpus.size(), 2u);
+  EXPECT_EQ(dump->Attribute("guest"), GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Guests, BootEach, ::testing::Values("hello", "blk", "mmio-storm", "idle"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& ch : n)
+                             if (ch == '-') ch = '_';
+                           return n;
+                         });
+
+TEST_F(Boot, BlkDataVerifiesThroughTheRealFile) {
+  SKIP_WITHOUT_KVM();
+  VmmConfig c = Config("blk");
+  c.disk_path = (dir / "disk.img").string();
+  auto vmm = Vmm::Create(c);
+  ASSERT_TRUE(vmm) << vmm.error().message;
+  auto r = (*vmm)->Run();
+  ASSERT_TRUE(r) << r.error().message;
+  ASSERT_TRUE(r->passed) << r->fatal_detail;
+  const int fd = open(c.disk_path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  std::vector<uint64_t> block(64);
+  for (uint64_t lba = 0; lba < 2ull * ES_BLK_LBAS_PER_VCPU; lba += 97) {
+    ASSERT_EQ(pread(fd, block.data(), 512, static_cast<off_t>(lba * 512)), 512);
+    for (uint64_t w = 0; w < 64; ++w)
+      ASSERT_EQ(block[w], ES_BLK_PATTERN(lba, w, 0)) << "lba " << lba << " word " << w;
+  }
+  close(fd);
+  // Every I/O was a device event pair.
+  Dump d = (*vmm)->recorder()->Snapshot();
+  uint64_t submits = 0, completes = 0;
+  for (const DumpDeviceEvent& e : d.device_events) {
+    submits += e.type == DeviceEventType::kIoSubmit;
+    completes += e.type == DeviceEventType::kIoComplete;
+  }
+  EXPECT_EQ(submits, r->block.submitted);
+  EXPECT_EQ(completes, r->block.completed);
+}
+
+TEST_F(Boot, InjectedRegisterDelayIsReportedAsASlowExitNamingDeviceAndRegister) {
+  SKIP_WITHOUT_KVM();
+  VmmConfig c = Config("blk");
+  c.slow_ms = 100;
+  c.injects.push_back(*ParseInjectSpec("delay:nvme0.SQ1TDBL:300:16"));
+  auto vmm = Vmm::Create(c);
+  ASSERT_TRUE(vmm) << vmm.error().message;
+  auto r = (*vmm)->Run();
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_TRUE(r->passed);
+  int slow = 0;
+  for (const FindingRecord& f : (*vmm)->recorder()->Findings())
+    if (f.type == FindingType::kSlowExit) {
+      ++slow;
+      EXPECT_NE(f.text.find("nvme0.SQ1TDBL"), std::string::npos) << f.text;
+    }
+  EXPECT_GE(slow, 1);
+}
+
+TEST_F(Boot, InjectedStallIsReportedByTheWatchdogWhileInProgress) {
+  SKIP_WITHOUT_KVM();
+  VmmConfig c = Config("hello", 1);
+  c.slow_ms = 200;
+  c.injects.push_back(*ParseInjectSpec("delay:debug0.INFO:3000"));
+  auto vmm = Vmm::Create(c);
+  ASSERT_TRUE(vmm) << vmm.error().message;
+  std::atomic<bool> running{true};
+  Result<VmmResult> r = Fail(ErrorCode::kInternal, "not run");
+  std::thread t([&] {
+    r = (*vmm)->Run();
+    running = false;
+  });
+  bool seen_while_running = false;
+  std::string text;
+  while (running && !seen_while_running) {
+    for (const FindingRecord& f : (*vmm)->recorder()->Findings())
+      if (f.type == FindingType::kStuckExitBegin && running) {
+        seen_while_running = true;
+        text = f.text;
+      }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  t.join();
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_TRUE(seen_while_running);
+  EXPECT_NE(text.find("debug0.INFO"), std::string::npos) << text;
+  EXPECT_TRUE(r->passed);
+}
+
+TEST_F(Boot, Sigusr1WritesAReadableDumpWhileTheGuestKeepsRunning) {
+  SKIP_WITHOUT_KVM();
+  VmmConfig c = Config("idle");
+  c.guest_arg = 1000000;  // runs until stopped
+  auto vmm = Vmm::Create(c);
+  ASSERT_TRUE(vmm) << vmm.error().message;
+  std::atomic<bool> running{true};
+  Result<VmmResult> r = Fail(ErrorCode::kInternal, "not run");
+  std::thread t([&] {
+    r = (*vmm)->Run();
+    running = false;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_TRUE(running);
+  ASSERT_EQ(0, kill(getpid(), SIGUSR1));
+  std::string path;
+  for (int i = 0; i < 500 && path.empty(); ++i) {
+    path = (*vmm)->recorder()->last_signal_dump();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const bool still_running = running;
+  (*vmm)->RequestStop();
+  t.join();
+  ASSERT_FALSE(path.empty()) << "no dump after SIGUSR1";
+  EXPECT_TRUE(still_running);
+  auto dump = ReadDump(path);
+  ASSERT_TRUE(dump) << dump.error().message;
+  uint64_t exits = 0;
+  for (const DumpVcpu& v : dump->vcpus) exits += v.exits.size();
+  EXPECT_GT(exits, 0u);
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_TRUE(r->stopped);
+  EXPECT_FALSE(r->fatal);
+}
+
+TEST_F(Boot, InjectedBackendErrorReachesTheGuestAndTheRecorder) {
+  SKIP_WITHOUT_KVM();
+  VmmConfig c = Config("blk");
+  c.injects.push_back(*ParseInjectSpec("backend-error:nvme0:5"));
+  auto vmm = Vmm::Create(c);
+  ASSERT_TRUE(vmm) << vmm.error().message;
+  auto r = (*vmm)->Run();
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_FALSE(r->passed);
+  bool guest_saw_error = false;
+  for (const VcpuReport& v : r->vcpus)
+    guest_saw_error |= v.outcome.state == VcpuState::kFinished && v.outcome.code == ES_FAIL_NVME_IO;
+  EXPECT_TRUE(guest_saw_error);
+  EXPECT_GT(r->block.errors, 0u);
+  bool recorded = false;
+  for (const DumpDeviceEvent& e : (*vmm)->recorder()->Snapshot().device_events)
+    recorded |= e.type == DeviceEventType::kBackendError;
+  EXPECT_TRUE(recorded);
+}
+
+TEST_F(Boot, KvmBinaryStatsReachTheRecorder) {
+  SKIP_WITHOUT_KVM();
+  VmmConfig c = Config("idle", 1);
+  c.guest_arg = 20;
+  auto vmm = Vmm::Create(c);
+  ASSERT_TRUE(vmm);
+  auto r = (*vmm)->Run();
+  ASSERT_TRUE(r) << r.error().message;
+  if (!r->kvm_stats_note.empty()) GTEST_SKIP() << "KVM stats not available: " << r->kvm_stats_note;
+  Dump d = (*vmm)->recorder()->Snapshot();
+  ASSERT_EQ(d.vcpus.size(), 1u);
+  EXPECT_TRUE(d.vcpus[0].named_counters.count("kvm.exits"));
+  EXPECT_TRUE(d.vcpus[0].named_counters.count("kvm.halt_exits"));
+}
+
+}  // namespace
+}  // namespace exitscope::vmm

@@ -1,0 +1,356 @@
+// The NVMe-style block device driven like a guest driver would: registers through Read/Write,
+// queues in a GuestMemory buffer, I/O against a real file.
+#include "vmm/devices/nvme_block.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "guests/abi.h"
+
+namespace exitscope::vmm {
+namespace {
+
+using namespace nvme;
+
+constexpr uint64_t kAsq = 0x100000, kAcq = 0x101000, kIoSq = 0x102000, kIoCq = 0x103000;
+constexpr uint64_t kBuf = 0x110000, kIdent = 0x120000;
+constexpr uint32_t kDepth = 8;
+
+struct Events : BlockObserver {
+  std::mutex mu;
+  std::vector<uint64_t> submitted, completed;
+  std::vector<uint16_t> statuses;
+  int queue_full = 0, backend_errors = 0;
+  void IoSubmitted(uint64_t id, uint16_t, uint8_t, uint64_t, uint32_t) override {
+    std::lock_guard l(mu);
+    submitted.push_back(id);
+  }
+  void IoCompleted(uint64_t id, uint16_t status, int) override {
+    std::lock_guard l(mu);
+    completed.push_back(id);
+    statuses.push_back(status);
+  }
+  void QueueFull(uint16_t, const char*) override {
+    std::lock_guard l(mu);
+    ++queue_full;
+  }
+  void BackendError(uint64_t, int, const char*) override {
+    std::lock_guard l(mu);
+    ++backend_errors;
+  }
+};
+
+class NvmeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto m = GuestMemory::Create(4 << 20);
+    ASSERT_TRUE(m);
+    mem = std::move(*m);
+    path = std::string("/tmp/exitscope-nvme-test-") + std::to_string(getpid()) + "-" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(0, ftruncate(fd, 1 << 20));  // 2048 blocks
+  }
+  void TearDown() override {
+    dev.reset();
+    close(fd);
+    unlink(path.c_str());
+  }
+  void Make(BackendFaults faults = {}, uint32_t depth = 4, uint32_t workers = 2) {
+    NvmeBlock::Options o;
+    o.fd = fd;
+    o.disk_bytes = 1 << 20;
+    o.workers = workers;
+    o.backend_depth = depth;
+    o.faults = faults;
+    o.observer = &events;
+    o.interrupt = [this](uint16_t v) { interrupts[v & 15].fetch_add(1); };
+    dev = std::make_unique<NvmeBlock>(&mem, o);
+  }
+  uint64_t R(uint64_t off, uint32_t size = 4) {
+    uint8_t d[8] = {};
+    AccessContext ctx;
+    EXPECT_TRUE(dev->Read(off, d, size, ctx)) << std::hex << off;
+    return LoadLe(d, size);
+  }
+  void W(uint64_t off, uint64_t v, uint32_t size = 4) {
+    uint8_t d[8];
+    StoreLe(v, d, size);
+    AccessContext ctx;
+    EXPECT_TRUE(dev->Write(off, d, size, ctx)) << std::hex << off;
+  }
+  struct Q {
+    uint64_t sq, cq;
+    uint16_t qid;
+    uint32_t tail = 0, head = 0, phase = 1;
+    uint16_t cid = 0;
+  };
+  void Sqe(Q& q, uint8_t opcode, uint32_t nsid, uint64_t prp1, uint32_t cdw10, uint32_t cdw11,
+           uint32_t cdw12 = 0, uint64_t prp2 = 0) {
+    uint32_t e[16] = {};
+    e[0] = opcode | uint32_t{q.cid++} << 16;
+    e[1] = nsid;
+    std::memcpy(&e[6], &prp1, 8);
+    std::memcpy(&e[8], &prp2, 8);
+    e[10] = cdw10;
+    e[11] = cdw11;
+    e[12] = cdw12;
+    ASSERT_TRUE(mem.Write(q.sq + 64 * q.tail, e, 64));
+    q.tail = (q.tail + 1) % kDepth;
+  }
+  // Waits for the next completion; returns {status field, dw0}.
+  std::pair<uint16_t, uint32_t> Reap(Q& q) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    for (;;) {
+      uint32_t c[4];
+      EXPECT_TRUE(mem.Read(q.cq + 16 * q.head, c, 16));
+      if ((c[3] >> 16 & 1) == q.phase) {
+        EXPECT_EQ(c[2] >> 16, q.qid);
+        if (++q.head == kDepth) {
+          q.head = 0;
+          q.phase ^= 1;
+        }
+        W(kDoorbells + 8 * q.qid + 4, q.head);
+        return {static_cast<uint16_t>(c[3] >> 17), c[0]};
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        ADD_FAILURE() << "no completion";
+        return {0xffff, 0};
+      }
+      std::this_thread::yield();
+    }
+  }
+  uint16_t Admin(uint8_t opcode, uint32_t nsid, uint64_t prp1, uint32_t cdw10, uint32_t cdw11,
+                 uint32_t* dw0 = nullptr) {
+    Sqe(aq, opcode, nsid, prp1, cdw10, cdw11);
+    W(kDoorbells, aq.tail);
+    auto [st, r] = Reap(aq);
+    if (dw0) *dw0 = r;
+    return st;
+  }
+  void Enable() {
+    W(kRegAqa, (kDepth - 1) << 16 | (kDepth - 1));
+    W(kRegAsq, kAsq, 8);
+    W(kRegAcq, kAcq, 8);
+    W(kRegCc, 1 | 6 << 16 | 4 << 20);
+    ASSERT_EQ(R(kRegCsts) & 3, 1u);
+  }
+  void CreateIoQueues() {
+    ASSERT_EQ(Admin(0x05, 0, kIoCq, (kDepth - 1) << 16 | 1, 2 << 16 | 3), kSuccess);
+    ASSERT_EQ(Admin(0x01, 0, kIoSq, (kDepth - 1) << 16 | 1, 1 << 16 | 1), kSuccess);
+  }
+
+  GuestMemory mem;
+  std::string path;
+  int fd = -1;
+  Events events;
+  std::atomic<int> interrupts[16] = {};
+  std::unique_ptr<NvmeBlock> dev;
+  Q aq{kAsq, kAcq, 0};
+  Q io{kIoSq, kIoCq, 1};
+};
+
+TEST_F(NvmeTest, RegistersAfterResetFollowTheSpec) {
+  Make();
+  const uint64_t cap = R(kRegCap, 8);
+  EXPECT_EQ(cap & 0xffff, kMqes);
+  EXPECT_EQ(cap >> 16 & 1, 1u);   // CQR
+  EXPECT_EQ(cap >> 32 & 0xf, 0u);  // DSTRD: doorbells 4 bytes apart
+  EXPECT_EQ(cap >> 37 & 1, 1u);   // NVM command set
+  EXPECT_EQ(R(kRegCap), cap & 0xffffffff);
+  EXPECT_EQ(R(kRegCap + 4), cap >> 32);
+  EXPECT_EQ(R(kRegVs), 0x00010400u);
+  EXPECT_EQ(R(kRegCsts), 0u);
+  EXPECT_EQ(R(kRegCc), 0u);
+  W(kRegVs, 0x12345678);  // read-only: dropped
+  EXPECT_EQ(R(kRegVs), 0x00010400u);
+  W(kRegIntms, 0x5);
+  W(kRegIntmc, 0x1);
+  EXPECT_EQ(R(kRegIntms), 0x4u);
+  W(kRegAsq, 0x11223344);
+  W(kRegAsq + 4, 0x55);
+  EXPECT_EQ(R(kRegAsq, 8), 0x5511223344ull);
+}
+
+TEST_F(NvmeTest, OffsetsWithoutARegisterAreRefused) {
+  Make();
+  uint8_t d[8] = {};
+  AccessContext ctx;
+  EXPECT_FALSE(dev->Read(0x40, d, 4, ctx));
+  EXPECT_FALSE(dev->Write(0x40, d, 4, ctx));
+  EXPECT_FALSE(dev->Read(kRegCc, d, 2, ctx));
+  EXPECT_FALSE(dev->Write(kDoorbells + 8 * kMaxQueues, d, 4, ctx));
+  EXPECT_FALSE(dev->Write(kDoorbells + 2, d, 4, ctx));
+}
+
+TEST_F(NvmeTest, EnableIdentifyCreateQueuesWriteReadThroughTheFile) {
+  Make();
+  Enable();
+  ASSERT_EQ(Admin(0x06, 1, kIdent, 0, 0), kSuccess);
+  uint64_t nsze = 0;
+  ASSERT_TRUE(mem.ReadObj(kIdent, &nsze));
+  EXPECT_EQ(nsze, 2048u);
+  uint8_t lbads = 0;
+  ASSERT_TRUE(mem.ReadObj(kIdent + 130, &lbads));
+  EXPECT_EQ(lbads, 9);
+  ASSERT_EQ(Admin(0x06, 0, kIdent, 1, 0), kSuccess);
+  char model[25] = {};
+  ASSERT_TRUE(mem.Read(kIdent + 24, model, 24));
+  EXPECT_STREQ(model, "exitscope reference NVMe");
+  uint32_t granted = 0;
+  ASSERT_EQ(Admin(0x09, 0, 0, 0x07, 3 << 16 | 3, &granted), kSuccess);
+  EXPECT_EQ(granted, (3u << 16) | 3u);
+  CreateIoQueues();
+
+  // Write 8 blocks at LBA 16 from two PRP pages, then read them back elsewhere.
+  std::vector<uint8_t> pattern(4096);
+  for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<uint8_t>(i * 7 + 3);
+  ASSERT_TRUE(mem.Write(kBuf + 2048, pattern.data(), pattern.size()));
+  Sqe(io, 0x01, 1, kBuf + 2048, 16, 0, 7, kBuf + 4096);
+  W(kDoorbells + 8, io.tail);
+  EXPECT_EQ(Reap(io).first, kSuccess);
+  std::vector<uint8_t> file(4096);
+  ASSERT_EQ(pread(fd, file.data(), file.size(), 16 * 512), 4096);
+  EXPECT_EQ(file, pattern);
+
+  Sqe(io, 0x02, 1, kBuf + 0x10000, 16, 0, 7);
+  Sqe(io, 0x00, 1, 0, 0, 0);  // flush
+  W(kDoorbells + 8, io.tail);
+  EXPECT_EQ(Reap(io).first, kSuccess);
+  EXPECT_EQ(Reap(io).first, kSuccess);
+  std::vector<uint8_t> back(4096);
+  ASSERT_TRUE(mem.Read(kBuf + 0x10000, back.data(), back.size()));
+  EXPECT_EQ(back, pattern);
+
+  std::lock_guard l(events.mu);
+  EXPECT_EQ(events.submitted.size(), 3u);
+  EXPECT_EQ(events.completed.size(), 3u);
+  EXPECT_NE(events.submitted[0], events.submitted[1]);  // distinct I/O ids
+  EXPECT_GT(interrupts[2].load(), 0);  // the CQ's vector was "interrupted"
+  EXPECT_EQ(dev->stats().completed, 3u);
+}
+
+TEST_F(NvmeTest, InvalidCommandsCompleteWithTheSpecStatus) {
+  Make();
+  Enable();
+  EXPECT_EQ(Admin(0x7f, 0, 0, 0, 0), kInvalidOpcode);
+  EXPECT_EQ(Admin(0x06, 2, kIdent, 0, 0), kInvalidNamespace);
+  EXPECT_EQ(Admin(0x06, 0, kIdent, 9, 0), kInvalidField);
+  EXPECT_EQ(Admin(0x01, 0, kIoSq, (kDepth - 1) << 16 | 1, 1 << 16 | 1), kCqInvalid);
+  EXPECT_EQ(Admin(0x05, 0, kIoCq, (kDepth - 1) << 16 | 0, 3), kInvalidQid);
+  EXPECT_EQ(Admin(0x05, 0, kIoCq, 0 << 16 | 1, 3), kInvalidQSize);
+  EXPECT_EQ(Admin(0x05, 0, kIoCq + 8, (kDepth - 1) << 16 | 1, 3), kInvalidField);  // unaligned
+  CreateIoQueues();
+  EXPECT_EQ(Admin(0x05, 0, kIoCq, (kDepth - 1) << 16 | 1, 3), kInvalidQid);  // exists
+  Sqe(io, 0x01, 1, kBuf, 2047, 0, 7);  // runs past the end
+  Sqe(io, 0x02, 5, kBuf, 0, 0, 0);     // no namespace 5
+  Sqe(io, 0x02, 1, kBuf, 0, 0, 31);    // 16 KiB > MDTS
+  Sqe(io, 0x02, 1, 0xfff000, 0, 0, 7, 0x7fff000);  // PRP2 outside RAM
+  Sqe(io, 0x55, 1, kBuf, 0, 0, 0);
+  W(kDoorbells + 8, io.tail);
+  EXPECT_EQ(Reap(io).first, kLbaOutOfRange);
+  EXPECT_EQ(Reap(io).first, kInvalidNamespace);
+  EXPECT_EQ(Reap(io).first, kInvalidField);
+  EXPECT_EQ(Reap(io).first, kDataTransferError);
+  EXPECT_EQ(Reap(io).first, kInvalidOpcode);
+  EXPECT_EQ(dev->stats().submitted, 0u);  // none reached the backend
+}
+
+TEST_F(NvmeTest, BadAdminQueueSetMarksTheControllerFatal) {
+  Make();
+  W(kRegAqa, 0);  // 1-entry queues are invalid
+  W(kRegAsq, kAsq, 8);
+  W(kRegAcq, kAcq, 8);
+  W(kRegCc, 1);
+  EXPECT_EQ(R(kRegCsts) & 3, 2u);  // CFS, not ready
+}
+
+TEST_F(NvmeTest, DisableResetsQueuesAndShutdownCompletes) {
+  Make();
+  Enable();
+  CreateIoQueues();
+  W(kRegCc, 0);
+  EXPECT_EQ(R(kRegCsts) & 1, 0u);
+  aq = Q{kAsq, kAcq, 0};
+  Enable();
+  // The I/O queues are gone after the reset: creating them again succeeds.
+  io = Q{kIoSq, kIoCq, 1};
+  CreateIoQueues();
+  W(kRegCc, 1 | 1 << 14);  // normal shutdown
+  EXPECT_EQ(R(kRegCsts) >> 2 & 3, 2u);
+}
+
+TEST_F(NvmeTest, InjectedBackendErrorsReachTheGuestAndTheObserver) {
+  BackendFaults f;
+  f.error_every = 2;
+  Make(f);
+  Enable();
+  CreateIoQueues();
+  Sqe(io, 0x01, 1, kBuf, 0, 0, 7);
+  W(kDoorbells + 8, io.tail);
+  EXPECT_EQ(Reap(io).first, kSuccess);
+  Sqe(io, 0x01, 1, kBuf, 8, 0, 7);
+  W(kDoorbells + 8, io.tail);
+  EXPECT_EQ(Reap(io).first, kWriteFault);  // the 2nd I/O fails
+  Sqe(io, 0x02, 1, kBuf, 8, 0, 7);
+  Sqe(io, 0x02, 1, kBuf, 8, 0, 7);
+  W(kDoorbells + 8, io.tail);
+  const uint16_t a = Reap(io).first, b = Reap(io).first;
+  EXPECT_TRUE((a == kSuccess && b == kUnrecoveredRead) || (a == kUnrecoveredRead && b == kSuccess));
+  std::lock_guard l(events.mu);
+  EXPECT_EQ(events.backend_errors, 2);
+  EXPECT_EQ(dev->stats().errors, 2u);
+}
+
+TEST_F(NvmeTest, AFullBackendMakesTheDoorbellWaitAndIsReported) {
+  BackendFaults f;
+  f.delay_ms = 50;
+  f.delay_every = 1;
+  Make(f, /*depth=*/1, /*workers=*/1);
+  Enable();
+  CreateIoQueues();
+  for (int i = 0; i < 3; ++i) Sqe(io, 0x02, 1, kBuf + 4096 * i, 8 * i, 0, 7);
+  W(kDoorbells + 8, io.tail);  // returns only once the 3rd I/O found room
+  {
+    std::lock_guard l(events.mu);
+    EXPECT_EQ(events.submitted.size(), 3u);
+    EXPECT_GE(events.queue_full, 1);
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(Reap(io).first, kSuccess);
+}
+
+TEST_F(NvmeTest, CompletionsBeyondAFullCqWaitForTheHeadDoorbell) {
+  Make();
+  Enable();
+  // A 2-entry CQ holds one completion; the second waits until the head moves.
+  ASSERT_EQ(Admin(0x05, 0, kIoCq, 1 << 16 | 1, 3), kSuccess);
+  ASSERT_EQ(Admin(0x01, 0, kIoSq, (kDepth - 1) << 16 | 1, 1 << 16 | 1), kSuccess);
+  Sqe(io, 0x00, 1, 0, 0, 0);
+  Sqe(io, 0x00, 1, 0, 0, 0);
+  W(kDoorbells + 8, io.tail);
+  for (int i = 0; i < 1000 && dev->stats().completed < 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(dev->stats().completed, 2u);
+  EXPECT_GE(dev->stats().queue_full, 1u);
+  uint32_t c[4];
+  ASSERT_TRUE(mem.Read(kIoCq, c, 16));
+  EXPECT_EQ(c[3] >> 16 & 1, 1u);  // first posted
+  ASSERT_TRUE(mem.Read(kIoCq + 16, c, 16));
+  EXPECT_EQ(c[3] >> 16 & 1, 0u);  // second waits
+  W(kDoorbells + 12, 1);           // guest consumed entry 0
+  ASSERT_TRUE(mem.Read(kIoCq + 16, c, 16));
+  EXPECT_EQ(c[3] >> 16 & 1, 1u);  // now posted
+}
+
+}  // namespace
+}  // namespace exitscope::vmm

@@ -46,8 +46,8 @@
 #define ES_DEFAULT_MEM_SIZE (32ull << 20)
 
 /* Devices. */
-#define ES_UART_PORT 0x3f8 /* 16550, 8 ports */
-#define ES_DEBUG_PORT 0x500 /* debug-exit device, 16 ports */
+#define ES_UART_PORT 0x3f8                  /* 16550, 8 ports */
+#define ES_DEBUG_PORT 0x500                 /* debug-exit device, 16 ports */
 #define ES_DEBUG_EXIT (ES_DEBUG_PORT + 0)   /* 4B write: this vCPU is done, value 0 = pass */
 #define ES_DEBUG_MARKER (ES_DEBUG_PORT + 4) /* 4B write: a marker (recorded as a note) */
 #define ES_DEBUG_FAULT (ES_DEBUG_PORT + 8)  /* 4B write by the CPL0 fault stubs: vector */
@@ -68,7 +68,7 @@
 
 /* The blk guest's data pattern: 64-bit word w of logical block lba (512-byte blocks) in
  * round r holds ES_BLK_PATTERN(lba, w, r). Tests recompute it from the disk file. */
-#define ES_BLK_PATTERN(lba, w, r) \
+#define ES_BLK_PATTERN(lba, w, r)                                         \
   ((((unsigned long long)(lba)) << 20) ^ ((unsigned long long)(w) << 8) ^ \
    (0x9e3779b97f4a7c15ull * ((unsigned long long)(r) + 1)))
 /* Each vCPU owns ES_BLK_LBAS_PER_VCPU blocks starting at vcpu * ES_BLK_LBAS_PER_VCPU. */

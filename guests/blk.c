@@ -131,8 +131,7 @@ static int controller_init(u32 nvcpus) {
   for (u32 v = 0; v < nvcpus; ++v) {
     u32 qid = v + 1;
     /* Create I/O CQ: physically contiguous, interrupts enabled, vector = the vCPU to wake. */
-    if (admin(&aq, 0x05, 0, (u64)io_cq[v], ((QDEPTH - 1) << 16) | qid, (v << 16) | 3, 0))
-      return -1;
+    if (admin(&aq, 0x05, 0, (u64)io_cq[v], ((QDEPTH - 1) << 16) | qid, (v << 16) | 3, 0)) return -1;
     if (admin(&aq, 0x01, 0, (u64)io_sq[v], ((QDEPTH - 1) << 16) | qid, (qid << 16) | 1, 0))
       return -1;
   }

@@ -43,7 +43,9 @@ void uart_lock(void) {
   while (__atomic_exchange_n(&uart_lock_word, 1, __ATOMIC_ACQUIRE)) cpu_relax();
 }
 
-void uart_unlock(void) { __atomic_store_n(&uart_lock_word, 0, __ATOMIC_RELEASE); }
+void uart_unlock(void) {
+  __atomic_store_n(&uart_lock_word, 0, __ATOMIC_RELEASE);
+}
 
 void uart_putc(char c) {
   while (!(inb(ES_UART_PORT + UART_LSR) & UART_LSR_THRE)) cpu_relax();

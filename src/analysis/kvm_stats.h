@@ -46,7 +46,7 @@ struct KvmAnalysisOptions {
   bool per_vm = false;
   // Exits at least this long are handed to on_slow (0: off), as perf's --duration.
   uint64_t slow_ns = 0;
-  std::function<void(const ExitEvent&, std::string_view key)> on_slow;
+  std::function<void(const ExitEvent&, std::string_view key)> on_slow{};
 };
 
 // One key's row.

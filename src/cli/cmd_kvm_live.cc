@@ -9,9 +9,9 @@
 // Records come from tracefs raw per-CPU pages (a private instance, every setting restored on
 // exit, Ctrl-C included), are decoded with kvm-analysis's KvmTepDecoder, paired into exits
 // by KvmPairer and aggregated by KvmAggregator: the very code `kvm report` runs on a file.
-// Pages are read every 10 ms; since a thread can move between CPUs, records are merged
-// across CPUs in time order and only handed on once they are 50 ms behind the newest record
-// seen, so the per-thread order the pairer needs holds.
+// Pages are read every 10 ms; KvmLiveFeeder (sources/tracefs_kvm.h) merges them across CPUs
+// in time order, 50 ms behind the newest record, so the per-thread order the pairer needs
+// holds.
 #include <sys/ioctl.h>
 #include <unistd.h>
 
@@ -21,10 +21,8 @@
 #include <cstring>
 #include <ctime>
 #include <deque>
-#include <fstream>
 #include <memory>
 #include <string>
-#include <unordered_set>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -36,6 +34,7 @@
 #include "sources/kvm_pairing.h"
 #include "sources/kvm_trace.h"
 #include "sources/tracecmd_dat.h"
+#include "sources/tracefs_kvm.h"
 #include "sources/tracefs_reader.h"
 #include "sources/tracefs_session.h"
 
@@ -46,7 +45,6 @@ extern "C" {
 namespace exitscope::cli {
 namespace {
 
-using sources::KvmRecord;
 using sources::StopSignalScope;
 
 int Failed(const char* self, const Error& e) {
@@ -58,76 +56,6 @@ int Usage(const char* self, const std::string& what) {
   std::fprintf(stderr, "%s: %s\n", self, what.c_str());
   return 2;
 }
-
-// The process a thread belongs to, from /proc (-1 when it is gone).
-int32_t TgidOf(int32_t tid) {
-  std::ifstream in(fmt::format("/proc/{}/status", tid));
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("Tgid:", 0) == 0) return static_cast<int32_t>(std::atol(line.c_str() + 5));
-  }
-  return -1;
-}
-
-// Decodes kvm records out of raw pages and keeps them until they can be fed in time order.
-class LiveMerger : public sources::RecordSink {
- public:
-  LiveMerger(tep_handle* tep, sources::KvmPairer* pairer, uint64_t lag)
-      : decoder_(tep), pairer_(pairer), lag_(lag) {}
-
-  void OnRecord(tep_handle*, tep_record* rec) override {
-    Pending p;
-    p.lost = rec->missed_events;
-    if (!decoder_.Decode(rec, static_cast<uint32_t>(rec->cpu), &p.rec)) {
-      if (p.lost == 0) {
-        ++other_;
-        return;
-      }
-      p.rec = KvmRecord{};  // only the loss report: keep its place in time
-      p.rec.ts = rec->ts;
-      p.rec.cpu = static_cast<uint32_t>(rec->cpu);
-      p.rec.type = sources::KvmEventType::kOther;
-      p.only_lost = true;
-    }
-    newest_ = std::max(newest_, p.rec.ts);
-    pending_.push_back(p);
-  }
-
-  // Feeds every record at least `lag` older than the newest one (all of them when `all`).
-  void Flush(bool all) {
-    std::stable_sort(pending_.begin(), pending_.end(),
-                     [](const Pending& a, const Pending& b) { return a.rec.ts < b.rec.ts; });
-    const uint64_t cutoff = all ? UINT64_MAX : (newest_ > lag_ ? newest_ - lag_ : 0);
-    size_t n = 0;
-    for (; n < pending_.size() && pending_[n].rec.ts <= cutoff; ++n) {
-      Pending& p = pending_[n];
-      if (p.lost != 0) pairer_->OnLost(p.rec.cpu, p.lost);
-      if (p.only_lost) continue;
-      if (known_.insert(p.rec.tid).second) {
-        const int32_t tgid = TgidOf(p.rec.tid);
-        if (tgid > 0) pairer_->SetThreadGroup(p.rec.tid, tgid);
-      }
-      pairer_->Feed(p.rec);
-    }
-    pending_.erase(pending_.begin(), pending_.begin() + static_cast<ptrdiff_t>(n));
-  }
-
-  uint64_t other_records() const { return other_; }
-
- private:
-  struct Pending {
-    KvmRecord rec;
-    int64_t lost = 0;
-    bool only_lost = false;
-  };
-  sources::KvmTepDecoder decoder_;
-  sources::KvmPairer* pairer_;
-  uint64_t lag_;
-  uint64_t newest_ = 0;
-  uint64_t other_ = 0;
-  std::vector<Pending> pending_;
-  std::unordered_set<int32_t> known_;
-};
 
 }  // namespace
 
@@ -253,7 +181,7 @@ int KvmLiveMain(int argc, char** argv) {
   }
   analysis::KvmAggregator agg(aopts);
   sources::KvmPairer pairer(popts, &agg);
-  LiveMerger merger(tep->get(), &pairer, lag);
+  sources::KvmLiveFeeder merger(tep->get(), &pairer, lag);
   sources::RawPageDecoder pages(tep->get());
   auto sink = [&](int cpu, const uint8_t* page, size_t size) -> Status {
     pages.Decode(cpu, page, size, merger);

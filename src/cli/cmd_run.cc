@@ -48,13 +48,20 @@ int FailWith(const char* self, const Error& e) {
 
 const char* FailureName(uint32_t code) {
   switch (code) {
-    case ES_FAIL_GENERIC: return "generic failure";
-    case ES_FAIL_UART: return "UART check failed";
-    case ES_FAIL_NVME_INIT: return "NVMe controller init failed";
-    case ES_FAIL_NVME_IO: return "an I/O completed with an error status";
-    case ES_FAIL_VERIFY: return "data read back differs";
-    case ES_FAIL_UNASSIGNED: return "unassigned MMIO did not read all ones";
-    case ES_FAIL_TIMEOUT: return "timed out waiting for the device";
+    case ES_FAIL_GENERIC:
+      return "generic failure";
+    case ES_FAIL_UART:
+      return "UART check failed";
+    case ES_FAIL_NVME_INIT:
+      return "NVMe controller init failed";
+    case ES_FAIL_NVME_IO:
+      return "an I/O completed with an error status";
+    case ES_FAIL_VERIFY:
+      return "data read back differs";
+    case ES_FAIL_UNASSIGNED:
+      return "unassigned MMIO did not read all ones";
+    case ES_FAIL_TIMEOUT:
+      return "timed out waiting for the device";
   }
   return "guest-defined failure";
 }
@@ -69,32 +76,36 @@ int ListGuests() {
 }
 
 void PrintSummary(const vmm::VmmConfig& cfg, const vmm::VmmResult& r) {
-  std::fprintf(stderr, "exitscope run: guest %s on %u vCPU%s: %s after %.3f s, %llu userspace exits\n",
+  std::fprintf(stderr,
+               "exitscope run: guest %s on %u vCPU%s: %s after %.3f s, %llu userspace exits\n",
                cfg.guest.c_str(), cfg.vcpus, cfg.vcpus == 1 ? "" : "s",
-               r.fatal ? "FATAL" : r.passed ? "PASS" : r.stopped ? "STOPPED" : "FAIL", r.elapsed_s,
-               static_cast<unsigned long long>(r.userspace_exits));
+               r.fatal     ? "FATAL"
+               : r.passed  ? "PASS"
+               : r.stopped ? "STOPPED"
+                           : "FAIL",
+               r.elapsed_s, static_cast<unsigned long long>(r.userspace_exits));
   for (const vmm::VcpuReport& v : r.vcpus) {
     const vmm::VcpuOutcome& o = v.outcome;
     std::string state(vmm::ToString(o.state));
     if (o.state == vmm::VcpuState::kFinished)
-      state += o.code == 0 ? " (pass)" : " (code " + std::to_string(o.code) + ": " +
-                                             FailureName(o.code) + ")";
+      state += o.code == 0 ? " (pass)"
+                           : " (code " + std::to_string(o.code) + ": " + FailureName(o.code) + ")";
     std::string kvm;
-    for (const char* k : {"exits", "io_exits", "mmio_exits", "halt_exits", "irq_exits",
-                          "insn_emulation"}) {
+    for (const char* k :
+         {"exits", "io_exits", "mmio_exits", "halt_exits", "irq_exits", "insn_emulation"}) {
       auto it = v.kvm_stats.find(k);
       if (it != v.kvm_stats.end()) kvm += std::string(" ") + k + "=" + std::to_string(it->second);
     }
-    std::fprintf(stderr, "  vCPU %u: %s; exits: %llu (io %llu, mmio %llu, hlt %llu, intr %llu)%s%s\n",
-                 v.vcpu, state.c_str(), static_cast<unsigned long long>(o.exits),
-                 static_cast<unsigned long long>(o.io_exits),
-                 static_cast<unsigned long long>(o.mmio_exits),
-                 static_cast<unsigned long long>(o.hlt_exits),
-                 static_cast<unsigned long long>(o.intr_exits), kvm.empty() ? "" : "; kvm:",
-                 kvm.c_str());
+    std::fprintf(
+        stderr, "  vCPU %u: %s; exits: %llu (io %llu, mmio %llu, hlt %llu, intr %llu)%s%s\n",
+        v.vcpu, state.c_str(), static_cast<unsigned long long>(o.exits),
+        static_cast<unsigned long long>(o.io_exits), static_cast<unsigned long long>(o.mmio_exits),
+        static_cast<unsigned long long>(o.hlt_exits), static_cast<unsigned long long>(o.intr_exits),
+        kvm.empty() ? "" : "; kvm:", kvm.c_str());
   }
   if (r.block.submitted > 0 || r.block.errors > 0)
-    std::fprintf(stderr, "  nvme0: %llu I/Os submitted, %llu completed, %llu errors, %llu queue-full\n",
+    std::fprintf(stderr,
+                 "  nvme0: %llu I/Os submitted, %llu completed, %llu errors, %llu queue-full\n",
                  static_cast<unsigned long long>(r.block.submitted),
                  static_cast<unsigned long long>(r.block.completed),
                  static_cast<unsigned long long>(r.block.errors),
@@ -109,16 +120,16 @@ void PrintSummary(const vmm::VmmConfig& cfg, const vmm::VmmResult& r) {
 
 int RunMain(int argc, char** argv) {
   const char* self = argv[0];
-  CLI::App app{"Boot a guest on /dev/kvm in the reference VMM, record every userspace exit "
-               "and print the exit-health report.",
-               "exitscope run"};
+  CLI::App app{
+      "Boot a guest on /dev/kvm in the reference VMM, record every userspace exit "
+      "and print the exit-health report.",
+      "exitscope run"};
   vmm::VmmConfig cfg;
   std::vector<std::string> injects;
   std::string format = "table";
   bool list = false, no_record = false, no_dump = false;
   uint64_t disk_mb = 16, mem_mb = ES_DEFAULT_MEM_SIZE >> 20;
-  app.add_option("--vcpus", cfg.vcpus, "number of vCPUs, one thread each (1..16)")
-      ->default_val(2);
+  app.add_option("--vcpus", cfg.vcpus, "number of vCPUs, one thread each (1..16)")->default_val(2);
   app.add_option("--guest", cfg.guest, "guest to boot: a name from --list-guests or a path")
       ->default_val("hello");
   app.add_flag("--list-guests", list, "list the shipped guests and exit");
@@ -127,7 +138,8 @@ int RunMain(int argc, char** argv) {
   app.add_option("--serial", cfg.serial_path, "write the UART output to PATH (default: terminal)");
   app.add_option("--disk", cfg.disk_path,
                  "backing file of nvme0, created when missing (default: a temporary file)");
-  app.add_option("--disk-size", disk_mb, "size in MiB of a disk created by --disk")->default_val(16);
+  app.add_option("--disk-size", disk_mb, "size in MiB of a disk created by --disk")
+      ->default_val(16);
   app.add_option("--mem", mem_mb, "guest memory in MiB")->default_val(mem_mb);
   app.add_option("--inject", injects,
                  "fault injection, repeatable: delay:DEVICE[.REGISTER]:MS[:EVERY_N], "
@@ -144,7 +156,8 @@ int RunMain(int argc, char** argv) {
                  "dump file written at the end and on a fatal guest error "
                  "(default: exitscope-<pid>.esdump)");
   app.add_flag("--no-dump", no_dump, "do not write a dump at the end");
-  app.add_option("--duration", cfg.duration_s, "stop the guest after SECONDS (default: when it ends)");
+  app.add_option("--duration", cfg.duration_s,
+                 "stop the guest after SECONDS (default: when it ends)");
   app.add_flag("--no-record", no_record, "run without the recorder (for overhead comparisons)");
   app.add_option("--format", format, "report format: table | json")->default_val("table");
   try {
@@ -184,7 +197,8 @@ int RunMain(int argc, char** argv) {
   auto vm = vmm::Vmm::Create(cfg);
   if (!vm) return FailWith(self, vm.error());
   g_running_vmm.store(vm->get());
-  struct sigaction sa {}, old_int {}, old_term {};
+  struct sigaction sa {
+  }, old_int{}, old_term{};
   sa.sa_handler = OnStopSignal;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, &old_int);
@@ -201,7 +215,8 @@ int RunMain(int argc, char** argv) {
   if (Recorder* rec = (*vm)->recorder()) {
 #ifdef EXITSCOPE_HAVE_EXIT_HEALTH
     report::ExitHealthOptions opts;
-    opts.json = format == "json";
+    opts.format = format == "json" ? report::OutputFormat::kJson : report::OutputFormat::kTable;
+    opts.source = "live snapshot of exitscope run --guest " + cfg.guest;
     report::WriteExitHealthReport(rec->Snapshot(), opts, stdout);
 #else
     // TODO(lead): call report::WriteExitHealthReport(rec->Snapshot(), opts, stdout) once

@@ -174,11 +174,26 @@ Result<RegisterMap> RegisterMap::Create(std::string name, std::vector<RegisterDe
   m.name_ = std::move(name);
   m.defs_ = std::move(defs);
   m.max_end_upto_.resize(m.defs_.size());
+  m.hot_.resize(m.defs_.size());
   uint64_t mx = 0;
   for (size_t i = 0; i < m.defs_.size(); ++i) {
-    mx = std::max(mx, m.defs_[i].end());
+    const RegisterDef& d = m.defs_[i];
+    mx = std::max(mx, d.end());
     m.max_end_upto_[i] = mx;
+    Hot& h = m.hot_[i];
+    h.offset = d.offset;
+    h.end = d.end();
+    h.stride = d.count > 1 ? d.stride : 0;
+    h.count = d.count;
+    h.width = static_cast<uint8_t>(d.width);
+    h.access = static_cast<uint8_t>(d.access);
+    h.alias = d.alias ? 1 : 0;
+    h.stride_shift = 0xff;
+    if (h.stride != 0 && (h.stride & (h.stride - 1)) == 0) {
+      h.stride_shift = static_cast<uint8_t>(__builtin_ctzll(h.stride));
+    }
   }
+  m.BuildTables();
   return m;
 }
 
@@ -357,35 +372,39 @@ Result<std::shared_ptr<const RegisterMap>> RegisterMap::Builtin(std::string_view
   return p;
 }
 
-RegisterHit RegisterMap::Resolve(uint64_t offset, uint32_t size, AccessDir dir) const noexcept {
+RegisterHit RegisterMap::ResolveBySearch(uint64_t offset, uint32_t size,
+                                         AccessDir dir) const noexcept {
   (void)size;
   RegisterHit best;
-  const size_t n = defs_.size();
-  if (n == 0 || offset < defs_[0].offset) return best;
-  // Last def with offset <= `offset`.
+  const size_t n = hot_.size();
+  const Hot* h = hot_.data();
+  if (n == 0 || offset < h[0].offset) return best;
+  // Last def with offset <= `offset` (branch-light).
   size_t lo = 0, len = n;
   while (len > 1) {
     const size_t half = len / 2;
-    lo = (defs_[lo + half].offset <= offset) ? lo + half : lo;
+    lo = (h[lo + half].offset <= offset) ? lo + half : lo;
     len -= half;
   }
+  const uint8_t want = dir == AccessDir::kRead ? 1 : dir == AccessDir::kWrite ? 2 : 3;
   int best_score = -1;
   for (size_t j = lo + 1; j-- > 0;) {
     if (max_end_upto_[j] <= offset) break;
-    const RegisterDef& d = defs_[j];
-    if (offset >= d.end()) continue;
-    uint32_t element = 0;
+    const Hot& d = h[j];
+    if (offset >= d.end) continue;
     uint64_t delta = offset - d.offset;
-    if (d.count > 1) {
-      element = static_cast<uint32_t>(delta / d.stride);
-      delta = delta % d.stride;
-      if (element >= d.count) continue;
+    uint32_t element = 0;
+    if (d.stride != 0) {
+      if (d.stride_shift != 0xff) {
+        element = static_cast<uint32_t>(delta >> d.stride_shift);
+        delta &= d.stride - 1;
+      } else {
+        element = static_cast<uint32_t>(delta / d.stride);
+        delta %= d.stride;
+      }
     }
     if (delta >= d.width) continue;
-    const auto acc = static_cast<uint8_t>(d.access);
-    const bool dir_ok = dir == AccessDir::kNone || (dir == AccessDir::kRead && (acc & 1)) ||
-                        (dir == AccessDir::kWrite && (acc & 2));
-    const int score = (dir_ok ? 2 : 0) + (d.alias ? 0 : 1);
+    const int score = ((d.access & want) != 0 ? 2 : 0) + (d.alias ? 0 : 1);
     if (score >= best_score) {  // scanning backwards: ">=" keeps the earliest on ties
       best_score = score;
       best.reg = static_cast<uint32_t>(j);
@@ -394,6 +413,81 @@ RegisterHit RegisterMap::Resolve(uint64_t offset, uint32_t size, AccessDir dir) 
     }
   }
   return best;
+}
+
+RegisterHit RegisterMap::HitAt(uint32_t def, uint64_t offset) const noexcept {
+  const Hot& d = hot_[def];
+  RegisterHit hit;
+  hit.reg = def;
+  uint64_t delta = offset - d.offset;
+  if (d.stride != 0) {
+    if (d.stride_shift != 0xff) {
+      hit.element = static_cast<uint32_t>(delta >> d.stride_shift);
+      delta &= d.stride - 1;
+    } else {
+      hit.element = static_cast<uint32_t>(delta / d.stride);
+      delta %= d.stride;
+    }
+  }
+  hit.delta = static_cast<uint32_t>(delta);
+  return hit;
+}
+
+RegisterHit RegisterMap::Resolve(uint64_t offset, uint32_t size, AccessDir dir) const noexcept {
+  const int dc = dir == AccessDir::kRead ? 1 : dir == AccessDir::kWrite ? 2 : 0;
+  if (offset < dense_end_) {
+    const uint16_t i = dense_[dc][offset];
+    return i == 0 ? RegisterHit{} : HitAt(i - 1u, offset);
+  }
+  if (offset >= period_first_ && offset < period_last_) {
+    const uint16_t i = period_[dc][(offset - period_base_) & period_mask_];
+    return i == 0 ? RegisterHit{} : HitAt(i - 1u, offset);
+  }
+  return ResolveBySearch(offset, size, dir);
+}
+
+void RegisterMap::BuildTables() {
+  constexpr uint64_t kDenseMax = 4096;
+  constexpr AccessDir kDirs[3] = {AccessDir::kNone, AccessDir::kRead, AccessDir::kWrite};
+  if (hot_.empty() || hot_.size() >= 0xffff) return;
+  dense_end_ = std::min<uint64_t>(max_end_upto_.back(), kDenseMax);
+  for (int dc = 0; dc < 3; ++dc) {
+    dense_[dc].assign(dense_end_, 0);
+    for (uint64_t o = 0; o < dense_end_; ++o) {
+      const RegisterHit h = ResolveBySearch(o, 0, kDirs[dc]);
+      if (h.found()) dense_[dc][o] = static_cast<uint16_t>(h.reg + 1);
+    }
+  }
+  // Periodic region: every definition reaching past the dense part is an array with the same
+  // power-of-two stride S and count C, all starting within one stride of the first.
+  uint64_t base = ~0ull, stride = 0;
+  uint32_t count = 0;
+  for (const Hot& d : hot_) {
+    if (d.end <= dense_end_) continue;
+    if (d.stride == 0 || d.stride_shift == 0xff) return;
+    if (stride == 0) {
+      stride = d.stride;
+      count = d.count;
+    } else if (d.stride != stride || d.count != count) {
+      return;
+    }
+    base = std::min(base, d.offset);
+  }
+  if (stride == 0 || count < 3 || base < dense_end_ || stride > 4096) return;
+  for (const Hot& d : hot_) {
+    if (d.end > dense_end_ && d.offset >= base + stride) return;
+  }
+  period_base_ = base;
+  period_mask_ = stride - 1;
+  period_first_ = base + stride;               // element 0 may be partial: searched
+  period_last_ = base + (count - 1) * stride;  // so is the last element
+  for (int dc = 0; dc < 3; ++dc) {
+    period_[dc].assign(stride, 0);
+    for (uint64_t r = 0; r < stride; ++r) {
+      const RegisterHit h = ResolveBySearch(period_first_ + r, 0, kDirs[dc]);
+      if (h.found()) period_[dc][r] = static_cast<uint16_t>(h.reg + 1);
+    }
+  }
 }
 
 std::string RegisterMap::Format(const RegisterHit& hit, uint32_t size) const {

@@ -22,14 +22,14 @@ struct KvmSlowExit {
   uint64_t start_ns = 0;
   uint64_t duration_ns = 0;
   uint32_t vm = 0, vcpu = 0, tid = 0;
-  std::string reason, key, device, reg;
+  std::string reason{}, key{}, device{}, reg{};
 };
 
 // Everything about the input a report states besides its rows.
 struct KvmReportContext {
-  std::string input;        // file name, or "live"
-  std::string format;       // "trace-cmd .dat", "trace-cmd report", "perf script", ...
-  std::string clock;        // the capture's trace clock
+  std::string input{};      // file name, or "live"
+  std::string format{};      // "trace-cmd .dat", "trace-cmd report", "perf script", ...
+  std::string clock{};      // the capture's trace clock
   uint64_t tsc_khz = 0;     // used to convert x86-tsc timestamps (0: not converted)
   bool tsc_khz_from_host = false;
   uint64_t lost_at_record = 0;  // overruns the capture recorded (trace-cmd CPUSTAT)

@@ -138,14 +138,8 @@ Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::Load(const std::string& path
   char head[8] = {};
   f.read(head, sizeof(head));
   const std::string_view h(head, static_cast<size_t>(f.gcount()));
-  // Text maps are printable; a dump starts with a binary magic.
-  bool text = true;
-  for (char c : h) {
-    if (static_cast<unsigned char>(c) < 0x09 || (static_cast<unsigned char>(c) > 0x0d &&
-                                                  static_cast<unsigned char>(c) < 0x20)) {
-      text = false;
-    }
-  }
+  // A recorder dump starts with its magic ("EXSCDUMP"); anything else is a text map.
+  const bool text = h != std::string_view(kDumpMagic, sizeof(kDumpMagic));
   return text ? LoadText(path) : LoadDump(path);
 }
 

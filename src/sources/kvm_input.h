@@ -21,7 +21,7 @@
 namespace exitscope::sources {
 
 struct KvmInputOptions {
-  TextOptions text;
+  TextOptions text{};
   // TSC frequency for x86-tsc / counter clocks, kHz (0: this host's, see HostTscKhz()).
   uint64_t tsc_khz = 0;
 };

@@ -73,7 +73,7 @@ class KvmDeviceResolver {
 
 struct KvmPairerOptions {
   PvmNumbering pvm = PvmNumbering::kUpstream;
-  ClockScale clock;
+  ClockScale clock{};
   const KvmDeviceResolver* devices = nullptr;  // not owned; may be null
 };
 

@@ -1,9 +1,11 @@
 // sources/tracefs_reader.cc: see tracefs_reader.h.
 #include "sources/tracefs_reader.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cerrno>
 #include <cstring>
 
@@ -13,10 +15,6 @@
 extern "C" {
 #include <event-parse.h>
 #include <kbuffer.h>
-// tracefs.h does not compile as C++ (an int passed as an enum in an inline function); this is
-// the one declaration needed from it (libtracefs 1.6).
-struct tep_handle* tracefs_local_events_system(const char* tracing_dir,
-                                               const char* const* sys_names);
 }
 
 namespace exitscope::sources {
@@ -93,15 +91,46 @@ Result<size_t> TracefsPageReader::Poll(const PageSink& sink, size_t max_pages_pe
 
 Result<TepEvents> TepEvents::Load(const std::string& tracefs_dir,
                                   const std::vector<std::string>& systems) {
-  std::vector<const char*> names;
-  for (const std::string& s : systems) names.push_back(s.c_str());
-  names.push_back(nullptr);
-  tep_handle* tep = tracefs_local_events_system(tracefs_dir.c_str(), names.data());
-  if (!tep) {
-    return Fail(ErrorCode::kIo, fmt::format("{}: cannot load event formats: {}", tracefs_dir,
-                                            std::strerror(errno)));
+  // Parsed from the format files directly (not tracefs_local_events_system): the same code
+  // then reads a live tracefs and a directory of saved format files.
+  tep_handle* tep = tep_alloc();
+  if (!tep) return Fail(ErrorCode::kInternal, "out of memory allocating a tep handle");
+  TepEvents out(tep);
+  const tep_endian host = std::endian::native == std::endian::big ? TEP_BIG_ENDIAN
+                                                                  : TEP_LITTLE_ENDIAN;
+  tep_set_file_bigendian(tep, host);
+  tep_set_local_bigendian(tep, host);
+  tep_set_long_size(tep, static_cast<int>(sizeof(long)));
+  tep_set_page_size(tep, static_cast<int>(::sysconf(_SC_PAGESIZE)));
+  auto header = ReadTracefsFile(tracefs_dir + "/events/header_page");
+  if (!header) return std::unexpected(header.error());
+  if (tep_parse_header_page(tep, header->data(), header->size(), static_cast<int>(sizeof(long))) !=
+      0) {
+    return Fail(ErrorCode::kCorrupt,
+                fmt::format("{}/events/header_page: cannot parse", tracefs_dir));
   }
-  return TepEvents(tep);
+  for (const std::string& sys : systems) {
+    const std::string sysdir = tracefs_dir + "/events/" + sys;
+    DIR* d = ::opendir(sysdir.c_str());
+    if (!d) {
+      return Fail(ErrorCode::kNotFound,
+                  fmt::format("{}: cannot list event formats: {}", sysdir, std::strerror(errno)));
+    }
+    std::vector<std::string> names;
+    while (dirent* e = ::readdir(d))
+      if (e->d_name[0] != '.') names.emplace_back(e->d_name);
+    ::closedir(d);
+    for (const std::string& ev : names) {
+      const std::string path = sysdir + "/" + ev + "/format";
+      if (::access(path.c_str(), R_OK) != 0) continue;  // "enable", "filter": not events
+      auto text = ReadTracefsFile(path);
+      if (!text) return std::unexpected(text.error());
+      // A format libtraceevent cannot parse (an exotic print fmt) still defines its fields:
+      // tep keeps the event with a warning, so only a missing event is an error.
+      (void)tep_parse_event(tep, text->data(), text->size(), sys.c_str());
+    }
+  }
+  return out;
 }
 
 TepEvents& TepEvents::operator=(TepEvents&& o) noexcept {

@@ -74,7 +74,8 @@ class RecordSink {
 };
 
 // Owns a tep_handle with the header page and the event formats of the given systems, read
-// from a live tracefs (tracefs_local_events_system).
+// from a live tracefs or from a directory holding saved copies (events/header_page,
+// events/SYSTEM/EVENT/format), with this host's endianness and long size.
 class TepEvents {
  public:
   static Result<TepEvents> Load(const std::string& tracefs_dir,

@@ -475,15 +475,14 @@ TracefsSession::~TracefsSession() {
 namespace {
 std::atomic<int> g_stop_signal{0};
 constexpr int kStopSignals[3] = {SIGINT, SIGTERM, SIGHUP};
-extern "C" void OnStopSignal(int sig) {
-  g_stop_signal.store(sig, std::memory_order_relaxed);
-}
+// C++ linkage on purpose: an extern "C" handler name is global and clashes with others'.
+void OnTracefsStopSignal(int sig) { g_stop_signal.store(sig, std::memory_order_relaxed); }
 }  // namespace
 
 StopSignalScope::StopSignalScope() {
   struct sigaction sa;
   std::memset(&sa, 0, sizeof sa);
-  sa.sa_handler = OnStopSignal;
+  sa.sa_handler = OnTracefsStopSignal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = 0;  // no SA_RESTART: sleeps and reads return EINTR
   for (int i = 0; i < 3; ++i) ::sigaction(kStopSignals[i], &sa, &old_[i]);

@@ -15,10 +15,9 @@ Result<uint64_t> Number(std::string_view spec, std::string_view field, std::stri
                                                  std::string(what) + " '" + std::string(field) +
                                                  "' is not a number");
   if (v < min || v > 3'600'000)
-    return Fail(ErrorCode::kInvalidArgument, "--inject " + std::string(spec) + ": " +
-                                                 std::string(what) + " " + std::to_string(v) +
-                                                 " out of range (" + std::to_string(min) +
-                                                 "..3600000)");
+    return Fail(ErrorCode::kInvalidArgument,
+                "--inject " + std::string(spec) + ": " + std::string(what) + " " +
+                    std::to_string(v) + " out of range (" + std::to_string(min) + "..3600000)");
   return v;
 }
 
@@ -27,7 +26,8 @@ std::vector<std::string_view> Split(std::string_view s, char sep) {
   size_t start = 0;
   for (;;) {
     const size_t p = s.find(sep, start);
-    out.push_back(s.substr(start, p == std::string_view::npos ? std::string_view::npos : p - start));
+    out.push_back(
+        s.substr(start, p == std::string_view::npos ? std::string_view::npos : p - start));
     if (p == std::string_view::npos) return out;
     start = p + 1;
   }

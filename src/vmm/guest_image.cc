@@ -45,7 +45,8 @@ bool IsFile(const std::string& p) {
 
 std::vector<std::string> GuestSearchDirs() {
   std::vector<std::string> dirs;
-  if (const char* env = std::getenv("EXITSCOPE_GUEST_DIR"); env != nullptr && *env) dirs.push_back(env);
+  if (const char* env = std::getenv("EXITSCOPE_GUEST_DIR"); env != nullptr && *env)
+    dirs.push_back(env);
   const std::string self = SelfDir();
   if (!self.empty()) {
     dirs.push_back(self + "/guests");
@@ -69,26 +70,26 @@ Result<std::string> FindGuestImage(const std::string& name) {
     if (IsFile(p)) return p;
     searched += (searched.empty() ? "" : ", ") + d;
   }
-  return Fail(ErrorCode::kNotFound, "--guest " + name + ": no image " + name +
-                                        ".bin in " + searched +
-                                        " (see exitscope run --list-guests)");
+  return Fail(ErrorCode::kNotFound, "--guest " + name + ": no image " + name + ".bin in " +
+                                        searched + " (see exitscope run --list-guests)");
 }
 
 Result<std::vector<uint8_t>> ReadGuestImage(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return Fail(ErrorCode::kIo, path + ": cannot open: " + std::strerror(errno));
-  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
   if (bytes.empty()) return Fail(ErrorCode::kInvalidArgument, path + ": empty guest image");
   if (bytes.size() > ES_GUEST_MAX_SIZE)
-    return Fail(ErrorCode::kInvalidArgument, path + ": guest image of " +
-                                                 std::to_string(bytes.size()) +
-                                                 " bytes exceeds the " +
-                                                 std::to_string(ES_GUEST_MAX_SIZE) + " limit");
+    return Fail(ErrorCode::kInvalidArgument,
+                path + ": guest image of " + std::to_string(bytes.size()) + " bytes exceeds the " +
+                    std::to_string(ES_GUEST_MAX_SIZE) + " limit");
   return bytes;
 }
 
 Status LoadGuestImage(GuestMemory& mem, const std::vector<uint8_t>& image) {
-  if (image.size() > ES_GUEST_MAX_SIZE || !mem.Write(ES_GUEST_LOAD_ADDR, image.data(), image.size()))
+  if (image.size() > ES_GUEST_MAX_SIZE ||
+      !mem.Write(ES_GUEST_LOAD_ADDR, image.data(), image.size()))
     return Fail(ErrorCode::kInvalidArgument, "guest image does not fit at its load address");
   return {};
 }

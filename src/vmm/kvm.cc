@@ -11,7 +11,9 @@
 namespace exitscope::vmm {
 
 namespace {
-std::string Errno() { return std::strerror(errno); }
+std::string Errno() {
+  return std::strerror(errno);
+}
 }  // namespace
 
 Result<std::unique_ptr<KvmSystem>> KvmSystem::Open(const std::string& path) {
@@ -20,9 +22,9 @@ Result<std::unique_ptr<KvmSystem>> KvmSystem::Open(const std::string& path) {
   if (k->fd_ < 0) return Fail(ErrorCode::kUnavailable, path + " not available (" + Errno() + ")");
   k->api_ = ioctl(k->fd_, KVM_GET_API_VERSION, 0);
   if (k->api_ != KVM_API_VERSION)
-    return Fail(ErrorCode::kUnavailable,
-                path + " not available (API version " + std::to_string(k->api_) + ", need " +
-                    std::to_string(KVM_API_VERSION) + ")");
+    return Fail(ErrorCode::kUnavailable, path + " not available (API version " +
+                                             std::to_string(k->api_) + ", need " +
+                                             std::to_string(KVM_API_VERSION) + ")");
   if (ioctl(k->fd_, KVM_CHECK_EXTENSION, KVM_CAP_USER_MEMORY) <= 0)
     return Fail(ErrorCode::kUnavailable, path + " not available (no KVM_CAP_USER_MEMORY)");
   const int sz = ioctl(k->fd_, KVM_GET_VCPU_MMAP_SIZE, 0);
@@ -75,8 +77,8 @@ Status KvmVm::SetMemory(uint32_t slot, uint64_t gpa, uint64_t size, void* host) 
   r.memory_size = size;
   r.userspace_addr = reinterpret_cast<uint64_t>(host);
   if (ioctl(fd_, KVM_SET_USER_MEMORY_REGION, &r) < 0)
-    return Fail(ErrorCode::kIo, "KVM_SET_USER_MEMORY_REGION (slot " + std::to_string(slot) +
-                                    ", " + std::to_string(size) + " bytes) failed: " + Errno());
+    return Fail(ErrorCode::kIo, "KVM_SET_USER_MEMORY_REGION (slot " + std::to_string(slot) + ", " +
+                                    std::to_string(size) + " bytes) failed: " + Errno());
   return {};
 }
 
@@ -88,7 +90,8 @@ Result<std::unique_ptr<KvmVcpu>> KvmVm::CreateVcpu(uint32_t index) {
     return Fail(ErrorCode::kIo, "KVM_CREATE_VCPU " + std::to_string(index) + " failed: " + Errno());
   void* p = mmap(nullptr, kvm_.vcpu_mmap_size(), PROT_READ | PROT_WRITE, MAP_SHARED, v->fd_, 0);
   if (p == MAP_FAILED)
-    return Fail(ErrorCode::kIo, "mmap of vCPU " + std::to_string(index) + " kvm_run failed: " + Errno());
+    return Fail(ErrorCode::kIo,
+                "mmap of vCPU " + std::to_string(index) + " kvm_run failed: " + Errno());
   v->run_ = static_cast<kvm_run*>(p);
   v->mmap_size_ = kvm_.vcpu_mmap_size();
   return v;
@@ -134,7 +137,7 @@ Status KvmVcpu::SetCpuid(const std::vector<kvm_cpuid_entry2>& supported) {
   for (size_t i = 0; i < supported.size(); ++i) {
     kvm_cpuid_entry2 e = supported[i];
     if (e.function == 1) e.ebx = (e.ebx & 0x00ffffff) | (index_ << 24);  // initial APIC id
-    if (e.function == 0xb || e.function == 0x1f) e.edx = index_;          // x2APIC id
+    if (e.function == 0xb || e.function == 0x1f) e.edx = index_;         // x2APIC id
     c->entries[i] = e;
   }
   if (ioctl(fd_, KVM_SET_CPUID2, c) < 0) return Fail(ErrorCode::kIo, "KVM_SET_CPUID2: " + Errno());

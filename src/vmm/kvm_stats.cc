@@ -21,8 +21,8 @@ Status PreadAll(int fd, void* buf, size_t len, uint64_t off, const std::string& 
                                       std::to_string(off + done) + ": " + std::strerror(errno));
     if (r == 0)
       return Fail(ErrorCode::kCorrupt, origin + ": truncated at offset " +
-                                           std::to_string(off + done) + " reading " + what +
-                                           " (" + std::to_string(len) + " bytes needed)");
+                                           std::to_string(off + done) + " reading " + what + " (" +
+                                           std::to_string(len) + " bytes needed)");
     done += static_cast<size_t>(r);
   }
   return {};
@@ -65,10 +65,9 @@ Result<KvmStatsSchema> ReadKvmStatsSchema(int fd, const std::string& origin) {
     out.offset = d.offset;
     out.bucket_size = d.bucket_size;
     if (out.name.empty())
-      return Fail(ErrorCode::kCorrupt, origin + ": descriptor " + std::to_string(i) +
-                                           " at offset " +
-                                           std::to_string(h.desc_offset + i * stride) +
-                                           " has an empty name");
+      return Fail(ErrorCode::kCorrupt,
+                  origin + ": descriptor " + std::to_string(i) + " at offset " +
+                      std::to_string(h.desc_offset + i * stride) + " has an empty name");
     if (out.size == 0 || out.offset % 8 != 0)
       return Fail(ErrorCode::kCorrupt, origin + ": descriptor '" + out.name + "' has size " +
                                            std::to_string(out.size) + " and offset " +

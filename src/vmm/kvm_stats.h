@@ -20,8 +20,8 @@
 namespace exitscope::vmm {
 
 struct KvmStatDesc {
-  std::string name;     // "exits", "halt_exits", ...
-  uint32_t flags = 0;   // KVM_STATS_TYPE_* | KVM_STATS_UNIT_* | KVM_STATS_BASE_*
+  std::string name;    // "exits", "halt_exits", ...
+  uint32_t flags = 0;  // KVM_STATS_TYPE_* | KVM_STATS_UNIT_* | KVM_STATS_BASE_*
   int16_t exponent = 0;
   uint16_t size = 0;    // number of u64 values (1 for counters; buckets for histograms)
   uint32_t offset = 0;  // from the data block

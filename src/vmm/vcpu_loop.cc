@@ -13,10 +13,14 @@ namespace exitscope::vmm {
 
 std::string_view ToString(VcpuState s) {
   switch (s) {
-    case VcpuState::kRunning: return "running";
-    case VcpuState::kFinished: return "finished";
-    case VcpuState::kStopped: return "stopped";
-    case VcpuState::kFatal: return "fatal";
+    case VcpuState::kRunning:
+      return "running";
+    case VcpuState::kFinished:
+      return "finished";
+    case VcpuState::kStopped:
+      return "stopped";
+    case VcpuState::kFatal:
+      return "fatal";
   }
   return "?";
 }
@@ -56,14 +60,12 @@ bool UnassignedLog::Note(IoSpace space, uint64_t addr, uint32_t size, AccessDir 
   }
   if (log_) {
     char line[256];
-    std::snprintf(line, sizeof(line),
-                  "vCPU %u: %s %s %uB at %s 0x%" PRIx64
-                  " (%.*s): %s; logged once per address",
-                  vcpu, space == IoSpace::kPio ? "PIO" : "MMIO",
-                  dir == AccessDir::kWrite ? "write" : "read", size,
-                  space == IoSpace::kPio ? "port" : "address", addr,
-                  static_cast<int>(what.size()), what.data(),
-                  dir == AccessDir::kWrite ? "write dropped" : "read returns all ones");
+    std::snprintf(
+        line, sizeof(line),
+        "vCPU %u: %s %s %uB at %s 0x%" PRIx64 " (%.*s): %s; logged once per address", vcpu,
+        space == IoSpace::kPio ? "PIO" : "MMIO", dir == AccessDir::kWrite ? "write" : "read", size,
+        space == IoSpace::kPio ? "port" : "address", addr, static_cast<int>(what.size()),
+        what.data(), dir == AccessDir::kWrite ? "write dropped" : "read returns all ones");
     log_(line);
   }
   return true;
@@ -122,7 +124,8 @@ VcpuState VcpuLoop::HandleExit() {
       std::string detail = "triple fault (KVM_EXIT_SHUTDOWN)";
       if (auto regs = vcpu_.GetRegs()) {
         char buf[64];
-        std::snprintf(buf, sizeof(buf), " at rip 0x%llx", static_cast<unsigned long long>(regs->rip));
+        std::snprintf(buf, sizeof(buf), " at rip 0x%llx",
+                      static_cast<unsigned long long>(regs->rip));
         detail += buf;
       }
       return Fatal(ExitKind::kShutdown, 0, detail);
@@ -130,18 +133,25 @@ VcpuState VcpuLoop::HandleExit() {
     case KVM_EXIT_FAIL_ENTRY: {
       const uint64_t reason = run->fail_entry.hardware_entry_failure_reason;
       char buf[128];
-      std::snprintf(buf, sizeof(buf), "VM entry failed (KVM_EXIT_FAIL_ENTRY), hardware reason 0x%llx",
+      std::snprintf(buf, sizeof(buf),
+                    "VM entry failed (KVM_EXIT_FAIL_ENTRY), hardware reason 0x%llx",
                     static_cast<unsigned long long>(reason));
       return Fatal(ExitKind::kFailEntry, reason, buf);
     }
     case KVM_EXIT_INTERNAL_ERROR: {
       const uint32_t sub = run->internal.suberror;
-      std::string detail = "KVM internal error (KVM_EXIT_INTERNAL_ERROR), suberror " +
-                           std::to_string(sub);
+      std::string detail =
+          "KVM internal error (KVM_EXIT_INTERNAL_ERROR), suberror " + std::to_string(sub);
       switch (sub) {
-        case KVM_INTERNAL_ERROR_EMULATION: detail += " (emulation failure)"; break;
-        case KVM_INTERNAL_ERROR_SIMUL_EX: detail += " (exception while delivering one)"; break;
-        case KVM_INTERNAL_ERROR_DELIVERY_EV: detail += " (event delivery)"; break;
+        case KVM_INTERNAL_ERROR_EMULATION:
+          detail += " (emulation failure)";
+          break;
+        case KVM_INTERNAL_ERROR_SIMUL_EX:
+          detail += " (exception while delivering one)";
+          break;
+        case KVM_INTERNAL_ERROR_DELIVERY_EV:
+          detail += " (event delivery)";
+          break;
       }
       const uint32_t n = std::min<uint32_t>(run->internal.ndata, 16);
       for (uint32_t i = 0; i < n; ++i) {
@@ -192,15 +202,15 @@ void VcpuLoop::InjectDelay(const Resolution& res) {
   while (std::chrono::steady_clock::now() < until) {
     if (env_.stop != nullptr && env_.stop->load(std::memory_order_relaxed)) return;
     const auto left = until - std::chrono::steady_clock::now();
-    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
-        left, std::chrono::milliseconds(20)));
+    std::this_thread::sleep_for(
+        std::min<std::chrono::steady_clock::duration>(left, std::chrono::milliseconds(20)));
   }
 }
 
 void VcpuLoop::Access(IoSpace space, const Resolution& res, uint64_t addr, uint8_t* data,
                       uint32_t size, AccessDir dir, AccessContext& ctx) {
-  Device* dev = res.assigned() && res.device < env_.devices.size() ? env_.devices[res.device]
-                                                                    : nullptr;
+  Device* dev =
+      res.assigned() && res.device < env_.devices.size() ? env_.devices[res.device] : nullptr;
   bool handled = false;
   if (dev != nullptr)
     handled = dir == AccessDir::kWrite ? dev->Write(res.offset, data, size, ctx)
@@ -208,20 +218,20 @@ void VcpuLoop::Access(IoSpace space, const Resolution& res, uint64_t addr, uint8
   if (handled) return;
   if (dir == AccessDir::kRead) std::memset(data, 0xff, size);
   if (env_.unassigned != nullptr) {
-    std::string what = dev == nullptr ? std::string("unassigned")
-                                      : "no register at offset 0x" + [&] {
-                                          char b[24];
-                                          std::snprintf(b, sizeof(b), "%llx",
-                                                        static_cast<unsigned long long>(res.offset));
-                                          return std::string(b);
-                                        }() + " of " + env_.bus->DeviceName(res.device);
+    std::string what =
+        dev == nullptr ? std::string("unassigned") : "no register at offset 0x" + [&] {
+          char b[24];
+          std::snprintf(b, sizeof(b), "%llx", static_cast<unsigned long long>(res.offset));
+          return std::string(b);
+        }() + " of " + env_.bus->DeviceName(res.device);
     env_.unassigned->Note(space, addr, size, dir, what, index_);
   }
 }
 
 VcpuState VcpuLoop::Finish(const AccessContext& ctx) {
   switch (ctx.request) {
-    case VcpuRequest::kNone: return VcpuState::kRunning;
+    case VcpuRequest::kNone:
+      return VcpuState::kRunning;
     case VcpuRequest::kFinish:
       out_.code = ctx.code;
       return VcpuState::kFinished;
@@ -234,9 +244,9 @@ VcpuState VcpuLoop::Finish(const AccessContext& ctx) {
 }
 
 std::string VcpuLoop::FaultDetail(uint32_t vector) {
-  static const char* kNames[] = {"#DE", "#DB", "NMI", "#BP", "#OF", "#BR", "#UD", "#NM",
+  static const char* kNames[] = {"#DE", "#DB",  "NMI", "#BP", "#OF", "#BR", "#UD", "#NM",
                                  "#DF", "#CSO", "#TS", "#NP", "#SS", "#GP", "#PF", "#15",
-                                 "#MF", "#AC", "#MC", "#XM", "#VE", "#CP"};
+                                 "#MF", "#AC",  "#MC", "#XM", "#VE", "#CP"};
   std::string s = "guest exception ";
   s += vector < std::size(kNames) ? kNames[vector] : "vector " + std::to_string(vector);
   // The CPL0 stub reported it; the interrupt frame is on the stub's stack (rsp).
@@ -252,7 +262,8 @@ std::string VcpuLoop::FaultDetail(uint32_t vector) {
                       static_cast<unsigned long long>(frame[1]),
                       static_cast<unsigned long long>(frame[0]));
       else
-        std::snprintf(buf, sizeof(buf), " at rip 0x%llx", static_cast<unsigned long long>(frame[0]));
+        std::snprintf(buf, sizeof(buf), " at rip 0x%llx",
+                      static_cast<unsigned long long>(frame[0]));
       s += buf;
     }
   }

@@ -23,7 +23,9 @@ namespace {
 
 // vCPU threads are kicked out of KVM_RUN with this signal; the handler sets immediate_exit
 // so a kick that lands just before KVM_RUN is not lost.
-int KickSignal() { return SIGRTMIN + 2; }
+int KickSignal() {
+  return SIGRTMIN + 2;
+}
 thread_local kvm_run* t_kick_run = nullptr;
 extern "C" void KickHandler(int) {
   if (t_kick_run != nullptr) t_kick_run->immediate_exit = 1;
@@ -99,15 +101,16 @@ Status Vmm::RegisterDevices(AddressSpace& space) {
   auto uart = space.AddDevice({.name = "uart0", .kind = "uart16550", .id = 0});
   auto debug = space.AddDevice({.name = "debug0", .kind = "debug-exit", .id = 0});
   auto nvme = space.AddDevice({.name = "nvme0", .kind = "nvme", .id = 0});
-  if (!uart || !debug || !nvme)
-    return Fail(ErrorCode::kInternal, "registering devices failed");
+  if (!uart || !debug || !nvme) return Fail(ErrorCode::kInternal, "registering devices failed");
   uart_dev_ = *uart;
   debug_dev_ = *debug;
   nvme_dev_ = *nvme;
-  if (auto st = space.AddRange(IoSpace::kPio, ES_UART_PORT, 8, uart_dev_, *uart_map); !st) return st;
+  if (auto st = space.AddRange(IoSpace::kPio, ES_UART_PORT, 8, uart_dev_, *uart_map); !st)
+    return st;
   if (auto st = space.AddRange(IoSpace::kPio, ES_DEBUG_PORT, 16, debug_dev_, *debug_map); !st)
     return st;
-  if (auto st = space.AddRange(IoSpace::kMmio, ES_NVME_BASE, ES_NVME_SIZE, nvme_dev_, *nvme_map); !st)
+  if (auto st = space.AddRange(IoSpace::kMmio, ES_NVME_BASE, ES_NVME_SIZE, nvme_dev_, *nvme_map);
+      !st)
     return st;
   return {};
 }
@@ -164,8 +167,8 @@ Status Vmm::Setup() {
   if (disk_bytes == 0) {
     if (ftruncate(disk_fd_, static_cast<off_t>(cfg_.disk_bytes)) != 0)
       return Fail(ErrorCode::kIo, "--disk " + cfg_.disk_path + ": cannot size to " +
-                                      std::to_string(cfg_.disk_bytes) + " bytes: " +
-                                      std::strerror(errno));
+                                      std::to_string(cfg_.disk_bytes) +
+                                      " bytes: " + std::strerror(errno));
     disk_bytes = cfg_.disk_bytes;
   }
   // Bus, recorder.
@@ -231,8 +234,8 @@ Status Vmm::Setup() {
   });
   nvme_ = std::make_unique<NvmeBlock>(&mem_, std::move(bo));
   unassigned_ = std::make_unique<UnassignedLog>([this](std::string_view l) { Log(l); });
-  dump_path_ = cfg_.dump_path.empty() ? "exitscope-" + std::to_string(getpid()) + ".esdump"
-                                      : cfg_.dump_path;
+  dump_path_ =
+      cfg_.dump_path.empty() ? "exitscope-" + std::to_string(getpid()) + ".esdump" : cfg_.dump_path;
   // The loop's view of the VM.
   env_.bus = &bus_;
   env_.devices.assign(bus_.device_count(), nullptr);
@@ -311,7 +314,8 @@ Result<VmmResult> Vmm::Run() {
   auto vm = KvmVm::Create(*kvm_);
   if (!vm) return std::unexpected(vm.error());
   vm_ = std::move(*vm);
-  if (auto st = vm_->SetMemory(0, 0, mem_.size(), mem_.host()); !st) return std::unexpected(st.error());
+  if (auto st = vm_->SetMemory(0, 0, mem_.size(), mem_.host()); !st)
+    return std::unexpected(st.error());
   VmmResult result;
   stats_fds_.assign(cfg_.vcpus, -1);
   for (uint32_t i = 0; i < cfg_.vcpus; ++i) {
@@ -323,7 +327,8 @@ Result<VmmResult> Vmm::Run() {
     if (!sregs) return std::unexpected(sregs.error());
     x86::SetUser64Sregs(i, &*sregs);
     if (auto st = vcpu.SetSregs(*sregs); !st) return std::unexpected(st.error());
-    if (auto st = vcpu.SetRegs(x86::User64Regs(ES_GUEST_LOAD_ADDR, i, cfg_.vcpus, cfg_.guest_arg)); !st)
+    if (auto st = vcpu.SetRegs(x86::User64Regs(ES_GUEST_LOAD_ADDR, i, cfg_.vcpus, cfg_.guest_arg));
+        !st)
       return std::unexpected(st.error());
     if (auto fd = vcpu.StatsFd())
       stats_fds_[i] = *fd;
@@ -354,10 +359,10 @@ Result<VmmResult> Vmm::Run() {
       threads_.push_back(static_cast<unsigned long>(threads.back().native_handle()));
     }
   }
-  const auto deadline = cfg_.duration_s > 0
-                            ? t0 + std::chrono::microseconds(
-                                       static_cast<int64_t>(cfg_.duration_s * 1e6))
-                            : std::chrono::steady_clock::time_point::max();
+  const auto deadline =
+      cfg_.duration_s > 0
+          ? t0 + std::chrono::microseconds(static_cast<int64_t>(cfg_.duration_s * 1e6))
+          : std::chrono::steady_clock::time_point::max();
   bool fatal_dumped = false;
   {
     std::unique_lock lock(mu_);

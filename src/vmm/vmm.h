@@ -41,21 +41,21 @@ struct VmmConfig {
   std::string guest = "hello";  // shipped guest name or path to a flat image
   uint64_t guest_arg = 0;       // rdx at entry (0 = the guest's default)
   uint64_t mem_bytes = ES_DEFAULT_MEM_SIZE;
-  std::string serial_path;                // UART output file; "" or "-" = serial_stream/stdout
-  std::FILE* serial_stream = nullptr;     // used when serial_path is empty (nullptr: stdout)
-  bool serial_quiet = false;              // discard UART output (the transcript is kept)
-  std::string disk_path;                  // backing file, created when missing; "" = temporary
-  uint64_t disk_bytes = 16ull << 20;      // size of a created disk
+  std::string serial_path;             // UART output file; "" or "-" = serial_stream/stdout
+  std::FILE* serial_stream = nullptr;  // used when serial_path is empty (nullptr: stdout)
+  bool serial_quiet = false;           // discard UART output (the transcript is kept)
+  std::string disk_path;               // backing file, created when missing; "" = temporary
+  uint64_t disk_bytes = 16ull << 20;   // size of a created disk
   std::vector<InjectSpec> injects;
-  uint64_t slow_ms = 20;                  // slow-exit threshold and watchdog stuck threshold
-  uint64_t io_age_ms = 20000;             // watchdog: I/O in flight this long
+  uint64_t slow_ms = 20;       // slow-exit threshold and watchdog stuck threshold
+  uint64_t io_age_ms = 20000;  // watchdog: I/O in flight this long
   bool record = true;
   uint64_t events_per_vcpu = 1 << 16;
-  std::string dump_path;                  // "" = exitscope-<pid>.esdump in the cwd
-  bool write_dump = true;                 // at the end and on a fatal guest error
-  bool dump_signal = true;                // SIGUSR1 -> dump into dump_signal_dir
+  std::string dump_path;    // "" = exitscope-<pid>.esdump in the cwd
+  bool write_dump = true;   // at the end and on a fatal guest error
+  bool dump_signal = true;  // SIGUSR1 -> dump into dump_signal_dir
   std::string dump_signal_dir = ".";
-  double duration_s = 0;                  // stop after this long (0 = when the guest ends)
+  double duration_s = 0;  // stop after this long (0 = when the guest ends)
   uint32_t backend_workers = 2;
   uint32_t backend_depth = 4;
   uint32_t halt_tick_us = 1000;
@@ -70,8 +70,8 @@ struct VcpuReport {
 };
 
 struct VmmResult {
-  bool passed = false;   // every vCPU finished with code 0
-  bool fatal = false;    // a vCPU hit a fatal guest error
+  bool passed = false;  // every vCPU finished with code 0
+  bool fatal = false;   // a vCPU hit a fatal guest error
   std::string fatal_detail;
   bool stopped = false;  // --duration (or a stop request) ended the run
   double elapsed_s = 0;

@@ -8,11 +8,21 @@
 
 namespace exitscope::vmm::x86 {
 
-uint64_t GdtAddr(uint32_t vcpu) { return ES_GDT_ADDR + vcpu * ES_GDT_STRIDE; }
-uint64_t TssAddr(uint32_t vcpu) { return ES_TSS_ADDR + vcpu * ES_TSS_STRIDE; }
-uint64_t Rsp0(uint32_t vcpu) { return ES_KSTACK_ADDR + vcpu * ES_KSTACK_STRIDE + 0x2000; }
-uint64_t Ist1(uint32_t vcpu) { return ES_KSTACK_ADDR + vcpu * ES_KSTACK_STRIDE + 0x4000; }
-uint64_t UserStackTop(uint32_t vcpu) { return ES_USTACK_ADDR + (vcpu + 1) * ES_USTACK_STRIDE; }
+uint64_t GdtAddr(uint32_t vcpu) {
+  return ES_GDT_ADDR + vcpu * ES_GDT_STRIDE;
+}
+uint64_t TssAddr(uint32_t vcpu) {
+  return ES_TSS_ADDR + vcpu * ES_TSS_STRIDE;
+}
+uint64_t Rsp0(uint32_t vcpu) {
+  return ES_KSTACK_ADDR + vcpu * ES_KSTACK_STRIDE + 0x2000;
+}
+uint64_t Ist1(uint32_t vcpu) {
+  return ES_KSTACK_ADDR + vcpu * ES_KSTACK_STRIDE + 0x4000;
+}
+uint64_t UserStackTop(uint32_t vcpu) {
+  return ES_USTACK_ADDR + (vcpu + 1) * ES_USTACK_STRIDE;
+}
 
 void TssDescriptor(uint64_t base, uint32_t limit, uint64_t out[2]) {
   out[0] = (limit & 0xffffull) | ((base & 0xffffffull) << 16) | (0x89ull << 40) |
@@ -37,8 +47,19 @@ void Stub(uint8_t vector, uint8_t out[16]) {
   }
   // mov eax, vector; mov dx, ES_DEBUG_FAULT; out dx, eax; 1: hlt; jmp 1b
   const uint16_t port = ES_DEBUG_FAULT;
-  const uint8_t code[] = {0xb8, vector, 0, 0, 0, 0x66, 0xba, static_cast<uint8_t>(port & 0xff),
-                          static_cast<uint8_t>(port >> 8), 0xef, 0xf4, 0xeb, 0xfd};
+  const uint8_t code[] = {0xb8,
+                          vector,
+                          0,
+                          0,
+                          0,
+                          0x66,
+                          0xba,
+                          static_cast<uint8_t>(port & 0xff),
+                          static_cast<uint8_t>(port >> 8),
+                          0xef,
+                          0xf4,
+                          0xeb,
+                          0xfd};
   std::memcpy(out, code, sizeof(code));
 }
 
@@ -79,14 +100,14 @@ Status BuildTables(GuestMemory& mem, uint32_t num_vcpus, std::span<const PortRan
     const uint64_t gdt = GdtAddr(c);
     uint64_t tss_desc[2];
     TssDescriptor(TssAddr(c), ES_TSS_LIMIT, tss_desc);
-    const uint64_t entries[8] = {0,           kGdtCode0, kGdtData0, 0,
+    const uint64_t entries[8] = {0,           kGdtCode0,   kGdtData0, 0,
                                  tss_desc[0], tss_desc[1], kGdtCode3, kGdtData3};
     ok &= mem.Write(gdt, entries, sizeof(entries));
     uint8_t tss[ES_TSS_IOMAP_OFFSET] = {};
     const uint64_t rsp0 = Rsp0(c), ist1 = Ist1(c);
     const uint16_t iomap_base = ES_TSS_IOMAP_OFFSET;
-    std::memcpy(tss + 4, &rsp0, 8);     // RSP0
-    std::memcpy(tss + 36, &ist1, 8);    // IST1
+    std::memcpy(tss + 4, &rsp0, 8);   // RSP0
+    std::memcpy(tss + 36, &ist1, 8);  // IST1
     std::memcpy(tss + 102, &iomap_base, 2);
     ok &= mem.Write(TssAddr(c), tss, sizeof(tss));
     ok &= mem.Write(TssAddr(c) + ES_TSS_IOMAP_OFFSET, iomap.data(), iomap.size());

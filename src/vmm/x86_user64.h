@@ -40,7 +40,7 @@ inline constexpr uint64_t kGdtCode0 = 0x00af9b000000ffffull;
 inline constexpr uint64_t kGdtData0 = 0x00cf93000000ffffull;
 inline constexpr uint64_t kGdtCode3 = 0x00affb000000ffffull;
 inline constexpr uint64_t kGdtData3 = 0x00cff3000000ffffull;
-inline constexpr uint8_t kIdtGateType = 0xee;  // present, DPL3, 64-bit interrupt gate
+inline constexpr uint8_t kIdtGateType = 0xee;          // present, DPL3, 64-bit interrupt gate
 inline constexpr uint8_t kIst1Vectors[] = {2, 8, 18};  // NMI, #DF, #MC run on IST1
 
 inline constexpr uint64_t kPageFlagsTable = 0x7;  // P | RW | US

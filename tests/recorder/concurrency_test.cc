@@ -193,7 +193,7 @@ TEST(ConcurrencyTest, LookupWhileRangesMove) {
   }
   std::atomic<bool> done{false};
   std::thread mover([&] {
-    // Each device moves between its A base and its B base (B = A + 0x8000): BAR reprogramming.
+  // Each device moves between its A base and its B base (B = A + 0x8000): BAR reprogramming.
 #if defined(__SANITIZE_THREAD__)
     constexpr int kRounds = 10;
 #else

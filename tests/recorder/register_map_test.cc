@@ -149,6 +149,46 @@ TEST(RegisterMapTest, ErrorsNameFileAndLine) {
                   .has_value());
 }
 
+// The lookup tables give exactly what the reference search gives, for every builtin map,
+// direction and offset (dense part, periodic doorbell region, its edges and beyond).
+TEST(RegisterMapTest, TablesMatchSearch) {
+  for (const std::string& n : RegisterMap::BuiltinNames()) {
+    auto m = Builtin(n);
+    ASSERT_NE(m, nullptr);
+    std::vector<uint64_t> offsets;
+    for (uint64_t o = 0; o < 0x3000; ++o) offsets.push_back(o);
+    for (uint64_t o = 0x81000 - 0x40; o < 0x81000 + 0x40; ++o) offsets.push_back(o);
+    for (uint64_t o : {0x7fff8ull, 0x100000ull, ~0ull}) offsets.push_back(o);
+    for (uint64_t o : offsets) {
+      for (AccessDir d : {AccessDir::kNone, AccessDir::kRead, AccessDir::kWrite}) {
+        const RegisterHit a = m->Resolve(o, 4, d);
+        const RegisterHit b = m->ResolveBySearch(o, 4, d);
+        ASSERT_EQ(a.reg, b.reg) << n << " offset " << o;
+        if (b.found()) {
+          ASSERT_EQ(a.element, b.element) << n << " offset " << o;
+          ASSERT_EQ(a.delta, b.delta) << n << " offset " << o;
+        }
+      }
+    }
+  }
+  // A map with a spilling array (element crosses the stride boundary) and a non-power-of-two one.
+  auto m = RegisterMap::Parse(
+      "map t\narray A{} 0x2000 4 RW count=100 stride=8\narray B{} 0x2006 4 R count=100 stride=8\n"
+      "array C{} 0x10 2 RW count=10 stride=6\n",
+      "t.map");
+  ASSERT_TRUE(m.has_value()) << m.error().message;
+  for (uint64_t o = 0; o < 0x2400; ++o) {
+    for (AccessDir d : {AccessDir::kNone, AccessDir::kRead, AccessDir::kWrite}) {
+      const RegisterHit a = m->Resolve(o, 4, d), b = m->ResolveBySearch(o, 4, d);
+      ASSERT_EQ(a.reg, b.reg) << o;
+      ASSERT_EQ(a.element, b.element) << o;
+      ASSERT_EQ(a.delta, b.delta) << o;
+    }
+  }
+  EXPECT_EQ(m->Format(m->Resolve(0x2008 + 6, 4, AccessDir::kRead), 4), "B1");
+  EXPECT_EQ(m->Format(m->Resolve(0x2008 + 8, 2, AccessDir::kRead), 2), "B1+2");
+}
+
 TEST(RegisterMapTest, LoadMissingFile) {
   auto m = RegisterMap::Load("/nonexistent/x.map");
   ASSERT_FALSE(m.has_value());

@@ -54,7 +54,7 @@ TEST(KvmReport, TableHasPerfLayoutHeaderAndFooter) {
   ASSERT_FALSE(wrmsr.empty());
   EXPECT_EQ(wrmsr.substr(0, 20), "            HC_WRMSR");
   EXPECT_EQ(wrmsr.substr(20, 11), "        354");
-  EXPECT_EQ(wrmsr.substr(31, 10), "   69.55% ");
+  EXPECT_EQ(wrmsr.substr(32, 10), "   69.55% ");
   EXPECT_NE(wrmsr.find("      0.28us "), std::string::npos) << wrmsr;
   EXPECT_NE(wrmsr.find("( +-"), std::string::npos);
   EXPECT_NE(t.find("\nTotal Samples:509, Total events handled time:"), std::string::npos) << t;

@@ -23,7 +23,7 @@ class KvmDecodeTest : public ::testing::Test {
     if (formats_.loaded() == 0) {
       GTEST_SKIP() << "kvm format files not found under " << testing::KvmTestdata("");
     }
-    ASSERT_EQ(formats_.loaded(), 15) << "expected the 15 kvm format files of testdata";
+    ASSERT_EQ(formats_.loaded(), 13) << "expected the 13 kvm format files of testdata";
   }
 
   // Builds a kvm_exit record, decodes it through the tep, returns the record.
@@ -83,8 +83,8 @@ TEST_F(KvmDecodeTest, VmxNamesMatchTheKernelPrintFmt) {
 }
 
 TEST_F(KvmDecodeTest, SvmNamesMatchTheKernelPrintFmt) {
-  const uint32_t codes[] = {0x000, 0x01e, 0x04e, 0x060, 0x072, 0x078, 0x07b, 0x07c, 0x081,
-                            0x400, 0x403, 0x80000010, 0x8000fffd, 0xffffffff};
+  const uint32_t codes[] = {0x000, 0x027, 0x04e, 0x060, 0x072, 0x078, 0x07b, 0x07c, 0x081,
+                            0x400, 0x403, 0x80000010, 0x8000fffd};
   for (uint32_t code : codes) {
     const KvmRecord r = Exit(code, 2);
     const ExitReason d = DecodeExitReason(r.exit_reason, r.isa, r.info2);
@@ -93,6 +93,9 @@ TEST_F(KvmDecodeTest, SvmNamesMatchTheKernelPrintFmt) {
     EXPECT_NE(printed.find("reason " + std::string(d.name) + " rip"), std::string::npos)
         << code << ": " << printed;
   }
+  // SVM_EXIT_ERR is -1 in the table but exit_reason is a u32, so the kernel's own print
+  // never matches it (it prints 0xffffffff); we name it.
+  EXPECT_EQ(DecodeExitReason(0xffffffff, 2, 0).name, "invalid_guest_state");
   EXPECT_EQ(DecodeExitReason(0x078, 2, 0).name, "hlt");
   EXPECT_EQ(DecodeExitReason(0x400, 2, 0).name, "npf");
   EXPECT_TRUE(DecodeExitReason(0x400, 2, 0).mmio);

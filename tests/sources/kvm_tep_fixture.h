@@ -37,7 +37,8 @@ class RealKvmFormats {
       std::stringstream ss;
       ss << f.rdbuf();
       std::string text = ss.str();
-      if (tep_parse_format(tep_, nullptr, text.data(), text.size(), "kvm") == 0) ++loaded_;
+      tep_event* ev = nullptr;  // libtraceevent stores the parsed event here (not optional)
+      if (tep_parse_format(tep_, &ev, text.data(), text.size(), "kvm") == 0) ++loaded_;
     }
   }
   ~RealKvmFormats() { tep_free(tep_); }

@@ -63,7 +63,8 @@ TEST_P(BootEach, GuestReportsPassOnEveryVcpu) {
   ASSERT_TRUE(r) << r.error().message;
   EXPECT_FALSE(r->fatal) << r->fatal_detail;
   for (const VcpuReport& v : r->vcpus) {
-    EXPECT_EQ(v.outcome.state, VcpuState::kFinished) << "vCPU " << v.vcpu << ": " << v.outcome.detail;
+    EXPECT_EQ(v.outcome.state, VcpuState::kFinished)
+        << "vCPU " << v.vcpu << ": " << v.outcome.detail;
     EXPECT_EQ(v.outcome.code, 0u) << "vCPU " << v.vcpu;
   }
   EXPECT_TRUE(r->passed);

@@ -52,10 +52,10 @@ TEST(DebugExit, InfoReadsTheMagicAndOtherAccessesAreNotRegisters) {
   uint8_t v[4] = {};
   ASSERT_TRUE(d.Read(ES_DEBUG_INFO - ES_DEBUG_PORT, v, 4, ctx));
   EXPECT_EQ(LoadLe(v, 4), ES_DEBUG_MAGIC);
-  EXPECT_FALSE(d.Read(0, v, 4, ctx));        // EXIT is write-only
-  EXPECT_FALSE(d.Write(0, v, 1, ctx));       // wrong width
-  EXPECT_FALSE(d.Write(2, v, 4, ctx));       // not a register start
-  EXPECT_FALSE(d.Write(12, v, 4, ctx));      // INFO is read-only
+  EXPECT_FALSE(d.Read(0, v, 4, ctx));    // EXIT is write-only
+  EXPECT_FALSE(d.Write(0, v, 1, ctx));   // wrong width
+  EXPECT_FALSE(d.Write(2, v, 4, ctx));   // not a register start
+  EXPECT_FALSE(d.Write(12, v, 4, ctx));  // INFO is read-only
   EXPECT_EQ(ctx.request, VcpuRequest::kNone);
 }
 

@@ -108,8 +108,7 @@ TEST_P(ShippedGuest, VmmFindsAndLoadsIt) {
   EXPECT_EQ(0, std::memcmp(mem->host() + ES_GUEST_LOAD_ADDR, image->data(), image->size()));
 }
 
-INSTANTIATE_TEST_SUITE_P(All, ShippedGuest,
-                         ::testing::Values("hello", "blk", "mmio-storm", "idle"),
+INSTANTIATE_TEST_SUITE_P(All, ShippedGuest, ::testing::Values("hello", "blk", "mmio-storm", "idle"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n)

@@ -164,9 +164,9 @@ TEST_F(NvmeTest, RegistersAfterResetFollowTheSpec) {
   Make();
   const uint64_t cap = R(kRegCap, 8);
   EXPECT_EQ(cap & 0xffff, kMqes);
-  EXPECT_EQ(cap >> 16 & 1, 1u);   // CQR
+  EXPECT_EQ(cap >> 16 & 1, 1u);    // CQR
   EXPECT_EQ(cap >> 32 & 0xf, 0u);  // DSTRD: doorbells 4 bytes apart
-  EXPECT_EQ(cap >> 37 & 1, 1u);   // NVM command set
+  EXPECT_EQ(cap >> 37 & 1, 1u);    // NVM command set
   EXPECT_EQ(R(kRegCap), cap & 0xffffffff);
   EXPECT_EQ(R(kRegCap + 4), cap >> 32);
   EXPECT_EQ(R(kRegVs), 0x00010400u);
@@ -236,7 +236,7 @@ TEST_F(NvmeTest, EnableIdentifyCreateQueuesWriteReadThroughTheFile) {
   EXPECT_EQ(events.submitted.size(), 3u);
   EXPECT_EQ(events.completed.size(), 3u);
   EXPECT_NE(events.submitted[0], events.submitted[1]);  // distinct I/O ids
-  EXPECT_GT(interrupts[2].load(), 0);  // the CQ's vector was "interrupted"
+  EXPECT_GT(interrupts[2].load(), 0);                   // the CQ's vector was "interrupted"
   EXPECT_EQ(dev->stats().completed, 3u);
 }
 
@@ -252,10 +252,10 @@ TEST_F(NvmeTest, InvalidCommandsCompleteWithTheSpecStatus) {
   EXPECT_EQ(Admin(0x05, 0, kIoCq + 8, (kDepth - 1) << 16 | 1, 3), kInvalidField);  // unaligned
   CreateIoQueues();
   EXPECT_EQ(Admin(0x05, 0, kIoCq, (kDepth - 1) << 16 | 1, 3), kInvalidQid);  // exists
-  Sqe(io, 0x01, 1, kBuf, 2047, 0, 7);  // runs past the end
-  Sqe(io, 0x02, 5, kBuf, 0, 0, 0);     // no namespace 5
-  Sqe(io, 0x02, 1, kBuf, 0, 0, 31);    // 16 KiB > MDTS
-  Sqe(io, 0x02, 1, 0xfff000, 0, 0, 7, 0x7fff000);  // PRP2 outside RAM
+  Sqe(io, 0x01, 1, kBuf, 2047, 0, 7);                                        // runs past the end
+  Sqe(io, 0x02, 5, kBuf, 0, 0, 0);                                           // no namespace 5
+  Sqe(io, 0x02, 1, kBuf, 0, 0, 31);                                          // 16 KiB > MDTS
+  Sqe(io, 0x02, 1, 0xfff000, 0, 0, 7, 0x7fff000);                            // PRP2 outside RAM
   Sqe(io, 0x55, 1, kBuf, 0, 0, 0);
   W(kDoorbells + 8, io.tail);
   EXPECT_EQ(Reap(io).first, kLbaOutOfRange);
@@ -347,7 +347,7 @@ TEST_F(NvmeTest, CompletionsBeyondAFullCqWaitForTheHeadDoorbell) {
   EXPECT_EQ(c[3] >> 16 & 1, 1u);  // first posted
   ASSERT_TRUE(mem.Read(kIoCq + 16, c, 16));
   EXPECT_EQ(c[3] >> 16 & 1, 0u);  // second waits
-  W(kDoorbells + 12, 1);           // guest consumed entry 0
+  W(kDoorbells + 12, 1);          // guest consumed entry 0
   ASSERT_TRUE(mem.Read(kIoCq + 16, c, 16));
   EXPECT_EQ(c[3] >> 16 & 1, 1u);  // now posted
 }

@@ -15,7 +15,7 @@ struct Out {
   std::string text;
 };
 
-Out Run(const std::string& args) {
+Out RunCmd(const std::string& args) {
   const std::string cmd = std::string(EXITSCOPE_BINARY_DIR) + "/exitscope run " + args + " 2>&1";
   Out o;
   FILE* p = popen(cmd.c_str(), "r");
@@ -35,7 +35,7 @@ int Lines(const std::string& s) {
 }
 
 TEST(RunCli, ListGuestsNamesTheShippedGuests) {
-  Out o = Run("--list-guests");
+  Out o = RunCmd("--list-guests");
   EXPECT_EQ(o.status, 0) << o.text;
   for (const char* g : {"hello", "blk", "mmio-storm", "idle"})
     EXPECT_NE(o.text.find(g), std::string::npos) << g;
@@ -57,7 +57,7 @@ TEST(RunCli, UsageErrorsExit2WithOneLineNamingTheFlag) {
       {"--no-such-flag", "no-such-flag"},
   };
   for (const Case& c : cases) {
-    Out o = Run(c.args);
+    Out o = RunCmd(c.args);
     EXPECT_EQ(o.status, 2) << c.args << ": " << o.text;
     EXPECT_EQ(Lines(o.text), 1) << c.args << ": " << o.text;
     EXPECT_NE(o.text.find(c.needle), std::string::npos) << c.args << ": " << o.text;
@@ -71,7 +71,7 @@ TEST(RunCli, WithoutKvmSaysSoInOneLineAndExits1) {
     close(fd);
     GTEST_SKIP() << "/dev/kvm is available here; this test covers hosts without it";
   }
-  Out o = Run("--guest blk");
+  Out o = RunCmd("--guest blk");
   EXPECT_EQ(o.status, 1) << o.text;
   EXPECT_EQ(Lines(o.text), 1) << o.text;
   EXPECT_EQ(o.text.rfind("exitscope run: /dev/kvm not available (", 0), 0u) << o.text;

@@ -100,11 +100,13 @@ class VcpuLoopTest : public ::testing::Test {
       const uint32_t u = *s->AddDevice({.name = "uart0", .kind = "uart16550"});
       const uint32_t d = *s->AddDevice({.name = "debug0", .kind = "debug-exit"});
       const uint32_t n = *s->AddDevice({.name = "nvme0", .kind = "nvme"});
-      ASSERT_TRUE(s->AddRange(IoSpace::kPio, ES_UART_PORT, 8, u, *RegisterMap::Builtin("uart16550")));
+      ASSERT_TRUE(
+          s->AddRange(IoSpace::kPio, ES_UART_PORT, 8, u, *RegisterMap::Builtin("uart16550")));
       ASSERT_TRUE(s->AddRange(IoSpace::kPio, ES_DEBUG_PORT, 16, d));
       // nvme0 is registered with its map but no device model here: every access is "no
       // register" from the loop's point of view, which is what the unknown-register test needs.
-      ASSERT_TRUE(s->AddRange(IoSpace::kMmio, ES_NVME_BASE, ES_NVME_SIZE, n, *RegisterMap::Builtin("nvme")));
+      ASSERT_TRUE(s->AddRange(IoSpace::kMmio, ES_NVME_BASE, ES_NVME_SIZE, n,
+                              *RegisterMap::Builtin("nvme")));
     }
     env.bus = &bus;
     env.devices = {&uart, &debug, nullptr};

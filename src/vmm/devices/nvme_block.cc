@@ -11,8 +11,8 @@ namespace exitscope::vmm {
 using namespace nvme;
 
 namespace {
-constexpr uint64_t kCap = uint64_t{kMqes} | (1ull << 16) /* CQR */ | (20ull << 24) /* TO */ |
-                          (1ull << 37) /* CSS: NVM */;
+constexpr uint64_t kCap =
+    uint64_t{kMqes} | (1ull << 16) /* CQR */ | (20ull << 24) /* TO */ | (1ull << 37) /* CSS: NVM */;
 constexpr uint32_t kVs = 0x00010400;
 constexpr uint32_t kCsRdy = 1, kCsCfs = 2;
 constexpr uint64_t kPage = 4096;
@@ -30,7 +30,9 @@ NvmeBlock::NvmeBlock(GuestMemory* mem, Options opts)
   for (uint32_t i = 0; i < opts_.workers; ++i) workers_.emplace_back([this] { Worker(); });
 }
 
-NvmeBlock::~NvmeBlock() { Shutdown(); }
+NvmeBlock::~NvmeBlock() {
+  Shutdown();
+}
 
 void NvmeBlock::Shutdown() {
   {
@@ -85,13 +87,25 @@ bool NvmeBlock::ReadReg(uint64_t off, uint32_t size, uint64_t* v) {
   if (off >= kRegAcq && off < kRegAcq + 8) return reg64(kRegAcq, acq_);
   if (size != 4) return false;
   switch (off) {
-    case kRegVs: *v = kVs; return true;
+    case kRegVs:
+      *v = kVs;
+      return true;
     case kRegIntms:
-    case kRegIntmc: *v = intms_; return true;
-    case kRegCc: *v = cc_; return true;
-    case kRegCsts: *v = csts_; return true;
-    case kRegNssr: *v = 0; return true;
-    case kRegAqa: *v = aqa_; return true;
+    case kRegIntmc:
+      *v = intms_;
+      return true;
+    case kRegCc:
+      *v = cc_;
+      return true;
+    case kRegCsts:
+      *v = csts_;
+      return true;
+    case kRegNssr:
+      *v = 0;
+      return true;
+    case kRegAqa:
+      *v = aqa_;
+      return true;
   }
   if (off >= kDoorbells && off < kDoorbells + 8 * kMaxQueues && off % 4 == 0) {
     *v = 0;  // doorbells are write-only; reads return 0 (NVMe 1.4: "reads return 0" is vendor)
@@ -127,12 +141,22 @@ bool NvmeBlock::WriteReg(uint64_t off, uint32_t size, uint64_t v) {
     case kRegCap:
     case kRegCap + 4:
     case kRegVs:
-    case kRegCsts: return true;  // read-only: writes dropped
-    case kRegIntms: intms_ |= static_cast<uint32_t>(v); return true;
-    case kRegIntmc: intms_ &= ~static_cast<uint32_t>(v); return true;
-    case kRegCc: WriteCc(static_cast<uint32_t>(v)); return true;
-    case kRegNssr: return true;  // NSSRS = 0: subsystem reset not supported, write dropped
-    case kRegAqa: aqa_ = static_cast<uint32_t>(v) & 0x0fff0fff; return true;
+    case kRegCsts:
+      return true;  // read-only: writes dropped
+    case kRegIntms:
+      intms_ |= static_cast<uint32_t>(v);
+      return true;
+    case kRegIntmc:
+      intms_ &= ~static_cast<uint32_t>(v);
+      return true;
+    case kRegCc:
+      WriteCc(static_cast<uint32_t>(v));
+      return true;
+    case kRegNssr:
+      return true;  // NSSRS = 0: subsystem reset not supported, write dropped
+    case kRegAqa:
+      aqa_ = static_cast<uint32_t>(v) & 0x0fff0fff;
+      return true;
   }
   return false;
 }
@@ -249,8 +273,7 @@ void NvmeBlock::PostLocked(Cq& cq, const Completion& c) {
     cq.tail = 0;
     cq.phase ^= 1;
   }
-  if (cq.ien && !(cq.iv < 32 && (intms_ >> cq.iv & 1)) && opts_.interrupt)
-    opts_.interrupt(cq.iv);
+  if (cq.ien && !(cq.iv < 32 && (intms_ >> cq.iv & 1)) && opts_.interrupt) opts_.interrupt(cq.iv);
 }
 
 uint16_t NvmeBlock::Admin(const Sqe& e, uint32_t* dw0) {
@@ -258,15 +281,16 @@ uint16_t NvmeBlock::Admin(const Sqe& e, uint32_t* dw0) {
   const uint16_t qid = e.cdw10 & 0xffff;
   const uint32_t qsize = (e.cdw10 >> 16) + 1;
   switch (opcode) {
-    case 0x06: return Identify(e);
+    case 0x06:
+      return Identify(e);
     case 0x09:    // Set Features
     case 0x0a: {  // Get Features
       if ((e.cdw10 & 0xff) != 0x07) return kInvalidField;
       if (opcode == 0x09) {
         const uint32_t nsqr = (e.cdw11 & 0xffff) + 1, ncqr = (e.cdw11 >> 16) + 1;
         if (nsqr == 0x10000 || ncqr == 0x10000) return kInvalidField;
-        granted_queues_ = static_cast<uint16_t>(std::min<uint32_t>(
-            kMaxQueues - 1, std::min(nsqr, ncqr)));
+        granted_queues_ =
+            static_cast<uint16_t>(std::min<uint32_t>(kMaxQueues - 1, std::min(nsqr, ncqr)));
       }
       *dw0 = uint32_t{granted_queues_ - 1u} | uint32_t{granted_queues_ - 1u} << 16;
       return kSuccess;
@@ -309,7 +333,8 @@ uint16_t NvmeBlock::Admin(const Sqe& e, uint32_t* dw0) {
     case 0x08:  // Abort: never aborts (dw0 bit 0 = 1: command not aborted)
       *dw0 = 1;
       return kSuccess;
-    default: return kInvalidOpcode;
+    default:
+      return kInvalidOpcode;
   }
 }
 
@@ -385,9 +410,8 @@ void NvmeBlock::Submit(IoRequest req) {
   if (backend_.size() + in_service_ >= opts_.backend_depth) {
     queue_full_.fetch_add(1, std::memory_order_relaxed);
     if (opts_.observer) opts_.observer->QueueFull(req.sqid, "backend queue full, doorbell waits");
-    bq_room_.wait(lock, [&] {
-      return stopping_ || backend_.size() + in_service_ < opts_.backend_depth;
-    });
+    bq_room_.wait(lock,
+                  [&] { return stopping_ || backend_.size() + in_service_ < opts_.backend_depth; });
   }
   if (stopping_) return;
   submitted_.fetch_add(1, std::memory_order_relaxed);
@@ -422,8 +446,7 @@ void NvmeBlock::Worker() {
     int err = 0;
     if (f.error_every && n % f.error_every == 0) {
       err = EIO;
-      if (opts_.observer)
-        opts_.observer->BackendError(req.io_id, err, "injected backend error");
+      if (opts_.observer) opts_.observer->BackendError(req.io_id, err, "injected backend error");
     } else if (req.opcode == 0x00) {
       if (fdatasync(opts_.fd) != 0) err = errno;
     } else {

@@ -79,13 +79,13 @@ struct BackendFaults {
 class NvmeBlock final : public Device {
  public:
   struct Options {
-    int fd = -1;               // the backing file (not owned), opened read-write
-    uint64_t disk_bytes = 0;   // namespace size = disk_bytes / 512 blocks
-    uint32_t workers = 2;      // backend threads
+    int fd = -1;                 // the backing file (not owned), opened read-write
+    uint64_t disk_bytes = 0;     // namespace size = disk_bytes / 512 blocks
+    uint32_t workers = 2;        // backend threads
     uint32_t backend_depth = 4;  // I/Os queued or in service before doorbells wait
     BackendFaults faults;
-    BlockObserver* observer = nullptr;                     // not owned; may be null
-    std::function<void(uint16_t vector)> interrupt;        // wake the vCPU `vector`
+    BlockObserver* observer = nullptr;               // not owned; may be null
+    std::function<void(uint16_t vector)> interrupt;  // wake the vCPU `vector`
   };
 
   NvmeBlock(GuestMemory* mem, Options opts);
@@ -142,13 +142,13 @@ class NvmeBlock final : public Device {
 
   bool ReadReg(uint64_t offset, uint32_t size, uint64_t* v);
   bool WriteReg(uint64_t offset, uint32_t size, uint64_t v);
-  void WriteCc(uint32_t v);                        // requires mu_
-  void RingSq(uint16_t qid, uint32_t tail);        // takes mu_ itself
-  void RingCq(uint16_t qid, uint32_t head);        // requires mu_
+  void WriteCc(uint32_t v);                                               // requires mu_
+  void RingSq(uint16_t qid, uint32_t tail);                               // takes mu_ itself
+  void RingCq(uint16_t qid, uint32_t head);                               // requires mu_
   void Post(uint16_t sqid, uint16_t cid, uint16_t status, uint32_t dw0);  // requires mu_
-  void PostLocked(Cq& cq, const Completion& c);    // requires mu_
-  uint16_t Admin(const Sqe& e, uint32_t* dw0);     // requires mu_
-  uint16_t Identify(const Sqe& e);                 // requires mu_
+  void PostLocked(Cq& cq, const Completion& c);                           // requires mu_
+  uint16_t Admin(const Sqe& e, uint32_t* dw0);                            // requires mu_
+  uint16_t Identify(const Sqe& e);                                        // requires mu_
   // Validates an I/O command into `req`; returns the status to complete with, 0 = submit.
   uint16_t PrepareIo(const Sqe& e, uint16_t sqid, IoRequest* req);
   bool MapPrps(uint64_t prp1, uint64_t prp2, uint32_t len, IoRequest* req);

@@ -31,21 +31,31 @@ bool Uart16550::Read(uint64_t offset, uint8_t* data, uint32_t size, AccessContex
         loopback_.pop_front();
       }
       break;
-    case 1: v = dlab ? dlm_ : ier_; break;
+    case 1:
+      v = dlab ? dlm_ : ier_;
+      break;
     case 2:
       v = Iir();
       if ((v & 0x0f) == 0x02) thre_pending_ = false;  // reading IIR clears THRE interrupt
       break;
-    case 3: v = lcr_; break;
-    case 4: v = mcr_; break;
-    case 5: v = kLsrThre | kLsrTemt | (loopback_.empty() ? 0 : kLsrDr); break;
+    case 3:
+      v = lcr_;
+      break;
+    case 4:
+      v = mcr_;
+      break;
+    case 5:
+      v = kLsrThre | kLsrTemt | (loopback_.empty() ? 0 : kLsrDr);
+      break;
     case 6:
       // Loopback: CTS=RTS, DSR=DTR, RI=OUT1, DCD=OUT2; otherwise carrier + DSR + CTS.
       v = (mcr_ & kMcrLoop) ? static_cast<uint8_t>(((mcr_ & 0x02) << 3) | ((mcr_ & 0x01) << 5) |
                                                    ((mcr_ & 0x04) << 4) | ((mcr_ & 0x08) << 4))
                             : 0xb0;
       break;
-    case 7: v = scr_; break;
+    case 7:
+      v = scr_;
+      break;
   }
   data[0] = v;
   return true;
@@ -87,11 +97,18 @@ bool Uart16550::Write(uint64_t offset, const uint8_t* data, uint32_t size, Acces
       fcr_ = v & 0xc9;
       if (v & 0x02) loopback_.clear();  // clear receive FIFO
       break;
-    case 3: lcr_ = v; break;
-    case 4: mcr_ = v & 0x1f; break;
+    case 3:
+      lcr_ = v;
+      break;
+    case 4:
+      mcr_ = v & 0x1f;
+      break;
     case 5:
-    case 6: break;  // LSR / MSR: writes have no effect on this model (factory test only)
-    case 7: scr_ = v; break;
+    case 6:
+      break;  // LSR / MSR: writes have no effect on this model (factory test only)
+    case 7:
+      scr_ = v;
+      break;
   }
   return true;
 }

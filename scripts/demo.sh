@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# `make demo`: boot the blk guest on /dev/kvm with a backend delay injected on a fraction of
+# its I/Os, so a slow exit is found and explained; print the exit-health report; write a dump.
+# Without /dev/kvm, show the report of the dump shipped in testdata/dumps/ instead.
+set -euo pipefail
+BUILD=${1:-build}
+EXITSCOPE="$BUILD/exitscope"
+DUMP=${DEMO_DUMP:-exitscope-demo.esdump}
+
+if [ -c /dev/kvm ] && [ -r /dev/kvm ] && [ -w /dev/kvm ]; then
+  echo "== exitscope run --guest blk (backend delay of 300 ms on every 64th nvme0 I/O) =="
+  exec "$EXITSCOPE" run --guest blk --vcpus 2 --disk "$BUILD/demo-disk.img" \
+    --inject backend-delay:nvme0:300:64 --dump "$DUMP"
+fi
+
+SHIPPED=testdata/dumps/c-example.esdump
+echo "== /dev/kvm is not available on this machine: exitscope run needs it =="
+echo "== falling back to the report of a dump shipped in the repo: $SHIPPED =="
+echo "== (written by examples/c_example through the C API: simulated exit handlers, no guest) =="
+echo
+exec "$EXITSCOPE" inspect "$SHIPPED"

@@ -7,6 +7,7 @@
 // recovered from the address space (live) or from the dump's tables.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 #include <type_traits>
@@ -76,6 +77,13 @@ struct ExitRecord {
   uint8_t flags = 0;  // ExitFlags
 };
 static_assert(sizeof(ExitRecord) == 56);
+// Recorder::BeginExit writes these words directly (little-endian x86-64 layout).
+static_assert(offsetof(ExitRecord, addr) == 16 && offsetof(ExitRecord, value) == 24);
+static_assert(offsetof(ExitRecord, vcpu) == 32 && offsetof(ExitRecord, device) == 36);
+static_assert(offsetof(ExitRecord, reg) == 40 && offsetof(ExitRecord, reg_element) == 44);
+static_assert(offsetof(ExitRecord, reg_delta) == 48 && offsetof(ExitRecord, kind) == 52);
+static_assert(offsetof(ExitRecord, size) == 53 && offsetof(ExitRecord, dir) == 54);
+static_assert(offsetof(ExitRecord, flags) == 55);
 static_assert(std::is_trivially_copyable_v<ExitRecord>);
 
 }  // namespace exitscope

@@ -63,6 +63,17 @@ class ExitRing {
     head_.store(n + 1, std::memory_order_release);
   }
 
+  // Write() for a record given as its 7 little-endian words (the layout of ExitRecord).
+  void WriteWords(const uint64_t (&w)[sizeof(ExitRecord) / sizeof(uint64_t)]) noexcept {
+    const uint64_t n = head_.load(std::memory_order_relaxed);
+    Slot& s = slots_[n & mask_];
+    s.seq.store(2 * n + 1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    for (int i = 0; i < kWords; ++i) s.words[i].store(w[i], std::memory_order_relaxed);
+    s.seq.store(2 * n + 2, std::memory_order_release);
+    head_.store(n + 1, std::memory_order_release);
+  }
+
   // Copies the records currently held, oldest first, into `out` (appended). Consistent per
   // record; safe concurrently with Write on another thread. Returns the number of records
   // skipped (torn or overwritten while copying), also added to skipped().

@@ -118,34 +118,34 @@ class Recorder {
                  AccessDir dir = AccessDir::kNone, uint64_t value = 0) noexcept {
     if (__builtin_expect(vcpu >= num_vcpus_, 0)) return CountBadVcpu();
     internal::VcpuSlot& v = slots_[vcpu];
-    ExitRecord r;
-    r.start_ticks = clock_.Now();
-    r.addr = addr;
-    r.vcpu = vcpu;
-    r.kind = kind;
-    r.size = size;
-    r.dir = dir;
-    if (dir == AccessDir::kWrite) {
-      r.value = value;
-      r.flags = kExitFlagValue;
-    }
+    const uint64_t now = clock_.Now();
+    uint32_t device = kUnassigned;
+    RegisterHit hit;
     if (kind == ExitKind::kMmio || kind == ExitKind::kPio) {
       const Resolution res =
           space_.Lookup(kind == ExitKind::kPio ? IoSpace::kPio : IoSpace::kMmio, addr, size, dir);
-      r.device = res.device;
-      r.reg = res.reg.reg;
-      r.reg_element = res.reg.element;
-      r.reg_delta = res.reg.delta;
+      device = res.device;
+      hit = res.reg;
     }
-    if (__builtin_expect(v.cur[0].load(std::memory_order_relaxed) != 0, 0))
-      BeginWithoutEnd(vcpu, r.start_ticks);
-    uint64_t w[internal::VcpuSlot::kWords];
-    __builtin_memcpy(w, &r, sizeof(r));
+    if (__builtin_expect(v.cur[0].load(std::memory_order_relaxed) != 0, 0)) {
+      BeginWithoutEnd(vcpu, now);
+    }
+    // The words of an ExitRecord (layout asserted in exit_record.h), written straight into the
+    // in-progress slot under its seqlock.
+    const bool has_value = dir == AccessDir::kWrite;
     const uint64_t s = v.seq.load(std::memory_order_relaxed);
     v.seq.store(s + 1, std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_release);
-    for (int i = 0; i < internal::VcpuSlot::kWords; ++i)
-      v.cur[i].store(w[i], std::memory_order_relaxed);
+    v.cur[0].store(now, std::memory_order_relaxed);
+    v.cur[1].store(0, std::memory_order_relaxed);
+    v.cur[2].store(addr, std::memory_order_relaxed);
+    v.cur[3].store(has_value ? value : 0, std::memory_order_relaxed);
+    v.cur[4].store(vcpu | (static_cast<uint64_t>(device) << 32), std::memory_order_relaxed);
+    v.cur[5].store(hit.reg | (static_cast<uint64_t>(hit.element) << 32), std::memory_order_relaxed);
+    v.cur[6].store(hit.delta | (static_cast<uint64_t>(kind) << 32) |
+                       (static_cast<uint64_t>(size) << 40) | (static_cast<uint64_t>(dir) << 48) |
+                       (static_cast<uint64_t>(has_value ? kExitFlagValue : 0) << 56),
+                   std::memory_order_relaxed);
     v.exit_no.store(++v.begins, std::memory_order_relaxed);
     v.seq.store(s + 2, std::memory_order_release);
   }
@@ -248,31 +248,35 @@ class Recorder {
     if (__builtin_expect(vcpu >= num_vcpus_, 0)) return CountBadVcpu();
     internal::VcpuSlot& v = slots_[vcpu];
     const uint64_t now = clock_.Now();
-    uint64_t w[internal::VcpuSlot::kWords];
-    for (int i = 0; i < internal::VcpuSlot::kWords; ++i)
+    uint64_t w[internal::VcpuSlot::kWords];  // the ExitRecord's words (exit_record.h layout)
+    for (int i = 0; i < internal::VcpuSlot::kWords; ++i) {
       w[i] = v.cur[i].load(std::memory_order_relaxed);
-    ExitRecord r;
-    __builtin_memcpy(&r, w, sizeof(r));
-    if (__builtin_expect(r.start_ticks == 0, 0)) return EndWithoutBegin();
-    r.duration_ticks = now - r.start_ticks;
+    }
+    if (__builtin_expect(w[0] == 0, 0)) return EndWithoutBegin();
+    w[1] = now - w[0];  // duration_ticks
+    uint64_t flags = 0;
     if (has_value) {
-      r.value = value;
-      r.flags |= kExitFlagValue;
+      w[3] = value;
+      flags |= kExitFlagValue;
     }
     const bool stalled = v.stalled.load(std::memory_order_relaxed) == v.begins;
-    if (stalled) r.flags |= kExitFlagStalled;
-    if (__builtin_expect(r.duration_ticks >= slow_ticks_.load(std::memory_order_relaxed), 0)) {
-      r.flags |= kExitFlagSlow;
+    if (stalled) flags |= kExitFlagStalled;
+    if (__builtin_expect(w[1] >= slow_ticks_.load(std::memory_order_relaxed), 0)) {
+      flags |= kExitFlagSlow;
     }
+    w[6] |= flags << 56;
     // Clear the in-progress slot first (the watchdog then sees no exit), then append.
     const uint64_t s = v.seq.load(std::memory_order_relaxed);
     v.seq.store(s + 1, std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_release);
     v.cur[0].store(0, std::memory_order_relaxed);
     v.seq.store(s + 2, std::memory_order_release);
-    rings_.ring(vcpu).Write(r);
-    if (__builtin_expect((r.flags & (kExitFlagSlow | kExitFlagStalled)) != 0, 0))
+    rings_.ring(vcpu).WriteWords(w);
+    if (__builtin_expect((flags & (kExitFlagSlow | kExitFlagStalled)) != 0, 0)) {
+      ExitRecord r;
+      __builtin_memcpy(&r, w, sizeof r);
       SlowPath(r, stalled);
+    }
   }
 
   friend class Watchdog;

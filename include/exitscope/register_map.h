@@ -95,7 +95,18 @@ class RegisterMap {
   // noexcept, no allocation; O(log n) plus the number of overlapping definitions.
   // Constant time for offsets in the first 4 KiB and inside a periodic register-array region
   // (NVMe doorbells), from tables built at creation; a binary search elsewhere.
-  RegisterHit Resolve(uint64_t offset, uint32_t size, AccessDir dir) const noexcept;
+  RegisterHit Resolve(uint64_t offset, uint32_t size, AccessDir dir) const noexcept {
+    const int dc = dir == AccessDir::kRead ? 1 : dir == AccessDir::kWrite ? 2 : 0;
+    if (offset < dense_end_) {
+      const uint16_t i = dense_[dc][offset];
+      return i == 0 ? RegisterHit{} : HitAt(i - 1u, offset);
+    }
+    if (offset >= period_first_ && offset < period_last_) {
+      const uint16_t i = period_[dc][(offset - period_base_) & period_mask_];
+      return i == 0 ? RegisterHit{} : HitAt(i - 1u, offset);
+    }
+    return ResolveBySearch(offset, size, dir);
+  }
   // The reference resolution by binary search over the definitions (what the tables are built
   // from and tested against). Same result as Resolve.
   RegisterHit ResolveBySearch(uint64_t offset, uint32_t size, AccessDir dir) const noexcept;
@@ -129,7 +140,23 @@ class RegisterMap {
   // register. dense_ covers offsets [0, dense_end_); period_ covers one stride of a region where
   // only arrays of one power-of-two stride live, valid for [period_first_, period_last_).
   void BuildTables();
-  RegisterHit HitAt(uint32_t def, uint64_t offset) const noexcept;
+  RegisterHit HitAt(uint32_t def, uint64_t offset) const noexcept {
+    const Hot& d = hot_[def];
+    RegisterHit hit;
+    hit.reg = def;
+    uint64_t delta = offset - d.offset;
+    if (d.stride != 0) {
+      if (d.stride_shift != 0xff) {
+        hit.element = static_cast<uint32_t>(delta >> d.stride_shift);
+        delta &= d.stride - 1;
+      } else {
+        hit.element = static_cast<uint32_t>(delta / d.stride);
+        delta %= d.stride;
+      }
+    }
+    hit.delta = static_cast<uint32_t>(delta);
+    return hit;
+  }
   uint64_t dense_end_ = 0;
   std::vector<uint16_t> dense_[3];
   uint64_t period_base_ = 0;

@@ -171,7 +171,7 @@ int KvmRecordMain(int argc, char** argv) {
                  "trace only this process (all its threads, and children "
                  "it forks)")
       ->check(CLI::PositiveNumber);
-  app.add_option("-e,--event", events,
+  app.add_option("-e,--trace-event", events,
                  "events to record, SYSTEM:EVENT or SYSTEM:* "
                  "(repeatable; default kvm:*)");
   app.add_option("--buffer-kb", buffer_kb, "per-CPU ring buffer size in KiB")

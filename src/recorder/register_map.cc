@@ -415,47 +415,35 @@ RegisterHit RegisterMap::ResolveBySearch(uint64_t offset, uint32_t size,
   return best;
 }
 
-RegisterHit RegisterMap::HitAt(uint32_t def, uint64_t offset) const noexcept {
-  const Hot& d = hot_[def];
-  RegisterHit hit;
-  hit.reg = def;
-  uint64_t delta = offset - d.offset;
-  if (d.stride != 0) {
-    if (d.stride_shift != 0xff) {
-      hit.element = static_cast<uint32_t>(delta >> d.stride_shift);
-      delta &= d.stride - 1;
-    } else {
-      hit.element = static_cast<uint32_t>(delta / d.stride);
-      delta %= d.stride;
-    }
-  }
-  hit.delta = static_cast<uint32_t>(delta);
-  return hit;
-}
-
-RegisterHit RegisterMap::Resolve(uint64_t offset, uint32_t size, AccessDir dir) const noexcept {
-  const int dc = dir == AccessDir::kRead ? 1 : dir == AccessDir::kWrite ? 2 : 0;
-  if (offset < dense_end_) {
-    const uint16_t i = dense_[dc][offset];
-    return i == 0 ? RegisterHit{} : HitAt(i - 1u, offset);
-  }
-  if (offset >= period_first_ && offset < period_last_) {
-    const uint16_t i = period_[dc][(offset - period_base_) & period_mask_];
-    return i == 0 ? RegisterHit{} : HitAt(i - 1u, offset);
-  }
-  return ResolveBySearch(offset, size, dir);
-}
-
 void RegisterMap::BuildTables() {
   constexpr uint64_t kDenseMax = 4096;
   constexpr AccessDir kDirs[3] = {AccessDir::kNone, AccessDir::kRead, AccessDir::kWrite};
   if (hot_.empty() || hot_.size() >= 0xffff) return;
   dense_end_ = std::min<uint64_t>(max_end_upto_.back(), kDenseMax);
+  // Same rule as ResolveBySearch: highest score wins, the lowest index on ties (definitions
+  // are visited in index order and only a strictly better score replaces).
+  constexpr uint8_t kWant[3] = {3, 1, 2};
+  std::vector<int8_t> best[3];
   for (int dc = 0; dc < 3; ++dc) {
     dense_[dc].assign(dense_end_, 0);
-    for (uint64_t o = 0; o < dense_end_; ++o) {
-      const RegisterHit h = ResolveBySearch(o, 0, kDirs[dc]);
-      if (h.found()) dense_[dc][o] = static_cast<uint16_t>(h.reg + 1);
+    best[dc].assign(dense_end_, -1);
+  }
+  for (size_t j = 0; j < hot_.size(); ++j) {
+    const Hot& d = hot_[j];
+    for (uint32_t e = 0; e < d.count; ++e) {
+      const uint64_t start = d.offset + e * d.stride;
+      if (start >= dense_end_) break;
+      for (uint64_t o = start; o < start + d.width && o < dense_end_; ++o) {
+        for (int dc = 0; dc < 3; ++dc) {
+          const int8_t score =
+              static_cast<int8_t>(((d.access & kWant[dc]) != 0 ? 2 : 0) + (d.alias ? 0 : 1));
+          if (score > best[dc][o]) {
+            best[dc][o] = score;
+            dense_[dc][o] = static_cast<uint16_t>(j + 1);
+          }
+        }
+      }
+      if (d.stride == 0) break;
     }
   }
   // Periodic region: every definition reaching past the dense part is an array with the same

@@ -3,7 +3,11 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <sys/stat.h>
+#include <sys/mman.h>
 #include <traceevent/event-parse.h>
+extern "C" {
+#include <traceevent/kbuffer.h>  // no extern "C" of its own
+}
 #include <unistd.h>
 
 #include <cerrno>
@@ -31,6 +35,11 @@ int tracecmd_iterate_events(struct tracecmd_input* handle, cpu_set_t* cpus, int 
                                             struct tep_record*, int, void*),
                             void* callback_data);
 void tracecmd_set_loglevel(enum tep_loglevel level);
+struct tep_record* tracecmd_read_cpu_first(struct tracecmd_input* handle, int cpu);
+void tracecmd_free_record(struct tep_record* record);
+int tracecmd_page_size(struct tracecmd_input* handle);
+unsigned long long tracecmd_get_cpu_file_size(struct tracecmd_input* handle, int cpu);
+void tracecmd_set_all_cpus_to_timestamp(struct tracecmd_input* handle, unsigned long long time);
 const char* tracecmd_get_trace_clock(struct tracecmd_input* handle);
 const char* tracecmd_get_cpustats(struct tracecmd_input* handle);
 int tracecmd_cpus(struct tracecmd_input* handle);
@@ -162,8 +171,147 @@ TraceCmdDat::~TraceCmdDat() {
   if (handle_ != nullptr) tracecmd_close(handle_);
 }
 
+// The fast path: the CPU data is read straight from the mapped file with kbuffer, merged by
+// timestamp across CPUs, with no record allocated per event (libtracecmd allocates and frees
+// one per record). Used only when it provably reads what libtracecmd reads: uncompressed,
+// page-aligned CPU sections whose first record has the same timestamp and bytes as
+// tracecmd_read_cpu_first() gives (no timestamp offsets or conversions applied by
+// libtracecmd). Returns false, having fed nothing, when that does not hold.
+bool TraceCmdDat::ReadMapped(KvmPairer* pairer, KvmTepDecoder* decoder, Status* status) {
+  const int page = tracecmd_page_size(handle_);
+  if (page <= 0 || cpus_ <= 0) return false;
+  struct Cpu {
+    uint64_t begin = 0, end = 0, next_page = 0;
+    kbuffer* kbuf = nullptr;
+    void* data = nullptr;  // current event, null when the CPU is done
+    unsigned long long ts = 0;
+    uint64_t count = 0, last_offset = 0;
+  };
+  std::vector<Cpu> cpu(static_cast<size_t>(cpus_));
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st{};
+  ::fstat(fd, &st);
+  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  void* map = file_size ? ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
+  ::close(fd);
+  if (map == MAP_FAILED) return false;
+  const auto* base = static_cast<const uint8_t*>(map);
+  bool ok = true;
+  const auto cleanup = [&] {
+    for (Cpu& c : cpu) {
+      if (c.kbuf) kbuffer_free(c.kbuf);
+    }
+    ::munmap(map, file_size);
+  };
+  // Locate and validate each CPU's pages.
+  for (int i = 0; i < cpus_ && ok; ++i) {
+    Cpu& c = cpu[static_cast<size_t>(i)];
+    tep_record* first = tracecmd_read_cpu_first(handle_, i);
+    if (first == nullptr) continue;  // no data for this CPU
+    const uint64_t size = tracecmd_get_cpu_file_size(handle_, i);
+    c.begin = first->offset & ~static_cast<uint64_t>(page - 1);
+    c.end = c.begin + size;
+    if (size == 0 || size % static_cast<uint64_t>(page) != 0 || c.end > file_size) {
+      if (c.end > file_size && size % static_cast<uint64_t>(page) == 0) {
+        *status = Fail(ErrorCode::kCorrupt,
+                       fmt::format("{}: offset {}: CPU {} data needs {} bytes up to offset {} "
+                                   "(truncated file)",
+                                   path_, file_size, i, size, c.end));
+      }
+      tracecmd_free_record(first);
+      ok = false;
+      break;
+    }
+    c.kbuf = kbuffer_alloc(KBUFFER_LSIZE_8,
+                           tep_is_file_bigendian(tracecmd_get_tep(handle_)) ? KBUFFER_ENDIAN_BIG
+                                                                            : KBUFFER_ENDIAN_LITTLE);
+    c.next_page = c.begin;
+    // First event of the first non-empty page must be libtracecmd's first record.
+    while (c.data == nullptr && c.next_page < c.end) {
+      kbuffer_load_subbuffer(c.kbuf, const_cast<uint8_t*>(base + c.next_page));
+      c.next_page += static_cast<uint64_t>(page);
+      c.data = kbuffer_read_event(c.kbuf, &c.ts);
+    }
+    ok = c.data != nullptr && c.ts == first->ts && kbuffer_event_size(c.kbuf) == first->size &&
+         std::memcmp(c.data, first->data, static_cast<size_t>(first->size)) == 0;
+    tracecmd_free_record(first);
+  }
+  if (!ok) {
+    cleanup();
+    return false;
+  }
+  // Reset each CPU to its first page and account for losses reported on it.
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    Cpu& c = cpu[i];
+    if (c.kbuf == nullptr) continue;
+    c.next_page = c.begin;
+    c.data = nullptr;
+  }
+  const auto advance_page = [&](Cpu& c, uint32_t idx) {
+    while (c.data == nullptr && c.next_page < c.end) {
+      kbuffer_load_subbuffer(c.kbuf, const_cast<uint8_t*>(base + c.next_page));
+      c.last_offset = c.next_page;
+      c.next_page += static_cast<uint64_t>(page);
+      const int missed = kbuffer_missed_events(c.kbuf);
+      if (missed != 0) pairer->OnLost(idx, missed);
+      c.data = kbuffer_read_event(c.kbuf, &c.ts);
+    }
+  };
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    if (cpu[i].kbuf) advance_page(cpu[i], static_cast<uint32_t>(i));
+  }
+  KvmRecord rec;
+  KvmRecord other;
+  other.type = KvmEventType::kOther;
+  uint64_t read = 0;
+  for (;;) {
+    size_t best = cpu.size();
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      if (cpu[i].data != nullptr && (best == cpu.size() || cpu[i].ts < cpu[best].ts)) best = i;
+    }
+    if (best == cpu.size()) break;
+    Cpu& c = cpu[best];
+    tep_record r{};
+    r.ts = c.ts;
+    r.data = c.data;
+    r.size = kbuffer_event_size(c.kbuf);
+    r.cpu = static_cast<int>(best);
+    ++read;
+    ++c.count;
+    if (decoder->Decode(&r, static_cast<uint32_t>(best), &rec)) {
+      pairer->Feed(rec);
+    } else {
+      other.ts = c.ts;
+      other.cpu = static_cast<uint32_t>(best);
+      pairer->Feed(other);
+    }
+    c.data = kbuffer_next_event(c.kbuf, &c.ts);
+    if (c.data == nullptr) advance_page(c, static_cast<uint32_t>(best));
+  }
+  records_read_ = read;
+  per_cpu_read_.clear();
+  last_offset_.clear();
+  for (const Cpu& c : cpu) {
+    per_cpu_read_.push_back(c.count);
+    last_offset_.push_back(c.last_offset);
+  }
+  cleanup();
+  return true;
+}
+
 Status TraceCmdDat::ReadAll(KvmPairer* pairer) {
   KvmTepDecoder decoder(tracecmd_get_tep(handle_));
+  Status fast_status;
+  used_mapped_ = false;
+  if (allow_mapped_ && ReadMapped(pairer, &decoder, &fast_status)) {
+    used_mapped_ = true;
+    pairer->Finish();
+    return CheckComplete(decoder, per_cpu_read_, last_offset_);
+  }
+  if (!fast_status) return fast_status;
+  // The probe above read each CPU's first record: rewind every CPU to its start.
+  tracecmd_set_all_cpus_to_timestamp(handle_, 0);
   IterState st{&decoder, pairer, {}, 0, {}, {}};
   const size_t ncpu = static_cast<size_t>(cpus_ > 0 ? cpus_ : 0);
   st.per_cpu.assign(ncpu, 0);
@@ -175,17 +323,23 @@ Status TraceCmdDat::ReadAll(KvmPairer* pairer) {
     return Fail(ErrorCode::kCorrupt,
                 fmt::format("{}: error reading CPU data after {} records", path_, st.read));
   }
+  return CheckComplete(decoder, st.per_cpu, st.last_offset);
+}
+
+Status TraceCmdDat::CheckComplete(const KvmTepDecoder& decoder,
+                                  const std::vector<uint64_t>& per_cpu,
+                                  const std::vector<uint64_t>& last_offset) const {
   // A capture whose CPU data is cut short reads fewer records than the kernel handed to
   // trace-cmd (CPUSTAT "read events"): report where the data stops.
   if (const char* text = tracecmd_get_cpustats(handle_); text != nullptr) {
     const std::vector<CpuStat> stats = ParseCpuStats(text);
-    for (size_t c = 0; c < stats.size() && c < ncpu; ++c) {
-      if (stats[c].has_read_events && st.per_cpu[c] < stats[c].read_events) {
+    for (size_t c = 0; c < stats.size() && c < per_cpu.size(); ++c) {
+      if (stats[c].has_read_events && per_cpu[c] < stats[c].read_events) {
         return Fail(ErrorCode::kCorrupt,
                     fmt::format("{}: offset {}: CPU {} data ends after {} of {} records "
                                 "(truncated or corrupt file)",
-                                path_, st.last_offset[c], c, st.per_cpu[c],
-                                stats[c].read_events));
+                                path_, c < last_offset.size() ? last_offset[c] : 0, c,
+                                per_cpu[c], stats[c].read_events));
       }
     }
   }

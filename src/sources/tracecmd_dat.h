@@ -14,9 +14,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "exitscope/status.h"
 #include "sources/kvm_pairing.h"
+#include "sources/kvm_trace.h"
 
 struct tracecmd_input;
 
@@ -46,11 +48,23 @@ class TraceCmdDat {
   // Streams every record, in time order across CPUs, into `pairer` and calls Finish().
   // Records of other events are counted by the pairer as KvmEventType::kOther.
   Status ReadAll(KvmPairer* pairer);
+  // Whether ReadAll may read CPU pages straight from the mapped file (default true; it
+  // falls back to libtracecmd's iterator by itself when the file does not allow it), and
+  // whether the last ReadAll did.
+  void set_mapped_reader(bool allow) noexcept { allow_mapped_ = allow; }
+  bool used_mapped_reader() const noexcept { return used_mapped_; }
   // Records seen by the last ReadAll, kvm or not.
   uint64_t records_read() const noexcept { return records_read_; }
 
  private:
   TraceCmdDat() = default;
+  bool ReadMapped(KvmPairer* pairer, KvmTepDecoder* decoder, Status* status);
+  Status CheckComplete(const KvmTepDecoder& decoder, const std::vector<uint64_t>& per_cpu,
+                       const std::vector<uint64_t>& last_offset) const;
+  bool allow_mapped_ = true;
+  bool used_mapped_ = false;
+  std::vector<uint64_t> per_cpu_read_;
+  std::vector<uint64_t> last_offset_;
   std::string path_;
   tracecmd_input* handle_ = nullptr;
   std::string clock_ = "local";

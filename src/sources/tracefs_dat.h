@@ -1,7 +1,7 @@
 // sources/tracefs_dat.h: writing raw trace pages into a trace-cmd .dat file (version 6).
 //
 // `exitscope kvm record` stores what it reads from trace_pipe_raw in the file format trace-cmd
-// itself writes, so `trace-cmd report FILE`, KernelShark and exitscope's own .dat reader
+// itself writes, so `trace-cmd report FILE` and exitscope's own .dat reader
 // (libtracecmd) all read it. libtracecmd 1.3 exports no writer in its public header, so the
 // format is written here, following trace-cmd.dat.v6(5):
 //

@@ -96,8 +96,8 @@ Result<TepEvents> TepEvents::Load(const std::string& tracefs_dir,
   tep_handle* tep = tep_alloc();
   if (!tep) return Fail(ErrorCode::kInternal, "out of memory allocating a tep handle");
   TepEvents out(tep);
-  const tep_endian host = std::endian::native == std::endian::big ? TEP_BIG_ENDIAN
-                                                                  : TEP_LITTLE_ENDIAN;
+  const tep_endian host =
+      std::endian::native == std::endian::big ? TEP_BIG_ENDIAN : TEP_LITTLE_ENDIAN;
   tep_set_file_bigendian(tep, host);
   tep_set_local_bigendian(tep, host);
   tep_set_long_size(tep, static_cast<int>(sizeof(long)));

@@ -476,7 +476,9 @@ namespace {
 std::atomic<int> g_stop_signal{0};
 constexpr int kStopSignals[3] = {SIGINT, SIGTERM, SIGHUP};
 // C++ linkage on purpose: an extern "C" handler name is global and clashes with others'.
-void OnTracefsStopSignal(int sig) { g_stop_signal.store(sig, std::memory_order_relaxed); }
+void OnTracefsStopSignal(int sig) {
+  g_stop_signal.store(sig, std::memory_order_relaxed);
+}
 }  // namespace
 
 StopSignalScope::StopSignalScope() {

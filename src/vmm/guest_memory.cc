@@ -19,7 +19,6 @@ Result<GuestMemory> GuestMemory::Create(uint64_t size) {
   if (p == MAP_FAILED)
     return Fail(ErrorCode::kIo, "mmap of " + std::to_string(size) +
                                     " bytes of guest memory failed: " + std::strerror(errno));
-  madvise(p, size, MADV_MERGEABLE);
   GuestMemory m;
   m.host_ = static_cast<uint8_t*>(p);
   m.size_ = size;

@@ -173,7 +173,7 @@ TEST(RegisterMapTest, TablesMatchSearch) {
   }
   // A map with a spilling array (element crosses the stride boundary) and a non-power-of-two one.
   auto m = RegisterMap::Parse(
-      "map t\narray A{} 0x2000 4 RW count=100 stride=8\narray B{} 0x2006 4 R count=100 stride=8\n"
+      "map t\narray A{} 0x2000 4 W count=100 stride=8\narray B{} 0x2006 4 R count=100 stride=8\n"
       "array C{} 0x10 2 RW count=10 stride=6\n",
       "t.map");
   ASSERT_TRUE(m.has_value()) << m.error().message;

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "exitscope/dump.h"
+#include "exitscope/recorder.h"
 #include "sources/tracecmd_dat.h"
 
 namespace exitscope::sources {
@@ -66,20 +67,25 @@ TEST(KvmDeviceMap, ErrorsNameFileAndLine) {
 }
 
 TEST(KvmDeviceMap, LoadsFromARecorderDump) {
-  Dump d;
-  d.devices.push_back({.index = 0, .id = 0, .name = "com1", .kind = "uart16550"});
+  // A dump written the way a VMM writes one: devices registered in the recorder's address
+  // space, then Recorder::WriteDump.
+  auto rec = Recorder::Create({.num_vcpus = 1, .start_watchdog = false});
+  ASSERT_TRUE(rec.has_value()) << rec.error().message;
+  auto com1 = (*rec)->address_space().AddDevice({.name = "com1", .kind = "uart16550"});
+  ASSERT_TRUE(com1.has_value());
   auto uart = RegisterMap::Builtin("uart16550");
   ASSERT_TRUE(uart.has_value());
-  d.maps.push_back(**uart);
-  d.ranges.push_back({.space = IoSpace::kPio, .base = 0x3f8, .size = 8, .device = 0, .map = 0});
+  ASSERT_TRUE((*rec)->address_space().AddRange(IoSpace::kPio, 0x3f8, 8, *com1, *uart).has_value());
   const std::string path = ::testing::TempDir() + "/kvm_device_map_test.dump";
-  ASSERT_TRUE(WriteDumpFile(d, path).has_value());
+  const Status written = (*rec)->WriteDump(path);
+  ASSERT_TRUE(written.has_value()) << written.error().message;
   auto m = KvmDeviceMap::Load(path);
   ASSERT_TRUE(m.has_value()) << m.error().message;
   std::string_view dev, reg;
   ASSERT_TRUE((*m)->Resolve(SubKeyKind::kPort, 0x3fd, 1, &dev, &reg));
   EXPECT_EQ(dev, "com1");
   EXPECT_EQ(reg, "LSR");
+  EXPECT_FALSE((*m)->Resolve(SubKeyKind::kPort, 0x400, 1, &dev, &reg));
 }
 
 TEST(KvmDeviceMap, NamesTheCapturePortsThroughThePairer) {

@@ -186,6 +186,25 @@ TEST_F(CaptureTest, TextParserAgreesWithDatReader) {
   EXPECT_GT(from_dat.exits.size(), 6000u);
 }
 
+// The mapped-page reader and libtracecmd's iterator give the same records and exits.
+TEST_F(CaptureTest, MappedReaderAgreesWithLibtracecmdIterator) {
+  ExitList mapped, iterated;
+  Observed mapped_records, iterated_records;
+  for (bool allow : {true, false}) {
+    auto dat = TraceCmdDat::Open(kDat);
+    ASSERT_TRUE(dat.has_value());
+    (*dat)->set_mapped_reader(allow);
+    KvmPairer p({}, allow ? &mapped : &iterated);
+    p.SetRecordObserver(Observe, allow ? &mapped_records : &iterated_records);
+    const Status s = (*dat)->ReadAll(&p);
+    ASSERT_TRUE(s.has_value()) << s.error().message;
+    EXPECT_EQ((*dat)->used_mapped_reader(), allow);
+  }
+  EXPECT_EQ(mapped_records.events, iterated_records.events);
+  EXPECT_EQ(mapped.exits, iterated.exits);
+  EXPECT_GT(mapped.exits.size(), 6000u);
+}
+
 TEST_F(CaptureTest, KvmInputDetectsBothFormats) {
   auto dat = KvmInput::Open(kDat, {.tsc_khz = 2'596'000});
   ASSERT_TRUE(dat.has_value()) << dat.error().message;

@@ -182,13 +182,13 @@ TEST_F(TracefsKvmTest, RealKvmPagesWrittenByTheRecorderReadBackIdentically) {
   const std::string out = std::string(EXITSCOPE_BINARY_DIR) + "/tracefs_kvm_test-" +
                           std::to_string(::getpid()) + ".dat";
   {
-    auto w = TraceDatWriter::Create(
-        out, {formats_, "", {"kvm"}, static_cast<int>(pages_.size()), 4096});
+    auto w =
+        TraceDatWriter::Create(out, {formats_, "", {"kvm"}, static_cast<int>(pages_.size()), 4096});
     ASSERT_TRUE(w) << w.error().message;
     for (size_t cpu = 0; cpu < pages_.size(); ++cpu) {
       for (const std::string& p : pages_[cpu]) {
-        ASSERT_TRUE((*w)->AddPage(static_cast<int>(cpu),
-                                  reinterpret_cast<const uint8_t*>(p.data()), p.size()));
+        ASSERT_TRUE((*w)->AddPage(static_cast<int>(cpu), reinterpret_cast<const uint8_t*>(p.data()),
+                                  p.size()));
       }
     }
     // The capture's clock; the buffer dir supplies trace_clock and per-CPU stats at the end.

@@ -482,14 +482,18 @@ void NvmeBlock::Worker() {
 
 void NvmeBlock::Complete(const IoRequest& req, uint16_t status, int err) {
   if (status != kSuccess) errors_.fetch_add(1, std::memory_order_relaxed);
-  completed_.fetch_add(1, std::memory_order_relaxed);
+  // The device event first: the guest may see the completion (and ring again) at once.
   if (opts_.observer) opts_.observer->IoCompleted(req.io_id, status, err);
-  std::lock_guard lock(mu_);
-  if (req.generation != generation_) {
-    dropped_.fetch_add(1, std::memory_order_relaxed);
-    return;
+  {
+    std::lock_guard lock(mu_);
+    if (req.generation != generation_)
+      dropped_.fetch_add(1, std::memory_order_relaxed);
+    else
+      Post(req.sqid, req.cid, status, 0);
   }
-  Post(req.sqid, req.cid, status, 0);
+  // Counted once posted (or dropped), so stats().completed == n means n completions are in
+  // guest memory or waiting in a CQ overflow list.
+  completed_.fetch_add(1, std::memory_order_release);
 }
 
 }  // namespace exitscope::vmm

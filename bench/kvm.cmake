@@ -1,0 +1,7 @@
+# bench/kvm.cmake: `exitscope kvm report` reading speed against trace-cmd report and perf script.
+#   build/bench/kvm_report_benchmark [--exits N] [--keep DIR]
+add_executable(kvm_report_benchmark ${CMAKE_CURRENT_LIST_DIR}/kvm_report_benchmark.cc)
+target_link_libraries(kvm_report_benchmark PRIVATE exitscope_analysis exitscope_sources fmt::fmt)
+target_compile_definitions(kvm_report_benchmark PRIVATE
+  EXITSCOPE_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
+  EXITSCOPE_BINARY_DIR="${CMAKE_BINARY_DIR}")

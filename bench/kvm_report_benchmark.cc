@@ -37,6 +37,7 @@
 #include <fmt/format.h>
 
 #include "analysis/kvm_stats.h"
+#include "sources/kvm_dat_pages.h"
 #include "sources/kvm_input.h"
 #include "sources/kvm_pairing.h"
 #include "sources/tracefs_dat.h"
@@ -52,58 +53,6 @@ std::string Slurp(const fs::path& p) {
   ss << f.rdbuf();
   return ss.str();
 }
-
-// Packs raw records into 4 KiB ring-buffer pages (header_page layout: u64 timestamp,
-// u64 commit, data; event header type_len:5 | time_delta:27, little endian).
-class PageWriter {
- public:
-  explicit PageWriter(std::function<void(const std::vector<uint8_t>&)> flush)
-      : flush_(std::move(flush)), page_(4096, 0) {}
-  void Add(uint64_t ts, const std::vector<uint8_t>& rec) {
-    const size_t padded = (rec.size() + 3) & ~size_t{3};
-    if (!TryAdd(ts, rec, padded)) {
-      Flush();
-      TryAdd(ts, rec, padded);
-    }
-  }
-  void Flush() {
-    if (pos_ == 16) return;
-    const uint64_t commit = pos_ - 16;
-    std::memcpy(page_.data() + 8, &commit, 8);
-    flush_(page_);
-    std::fill(page_.begin(), page_.end(), 0);
-    pos_ = 16;
-  }
-
- private:
-  bool TryAdd(uint64_t ts, const std::vector<uint8_t>& rec, size_t padded) {
-    if (pos_ + 4 + padded + 8 > page_.size()) return false;
-    uint64_t delta = 0;
-    if (pos_ == 16) {
-      std::memcpy(page_.data(), &ts, 8);
-    } else {
-      delta = ts - last_;
-    }
-    if (delta >= (uint64_t{1} << 27)) {  // time extend
-      const uint32_t hdr = 30u | static_cast<uint32_t>((delta & ((1u << 27) - 1)) << 5);
-      const uint32_t hi = static_cast<uint32_t>(delta >> 27);
-      std::memcpy(page_.data() + pos_, &hdr, 4);
-      std::memcpy(page_.data() + pos_ + 4, &hi, 4);
-      pos_ += 8;
-      delta = 0;
-    }
-    const uint32_t hdr = static_cast<uint32_t>(padded / 4) | static_cast<uint32_t>(delta << 5);
-    std::memcpy(page_.data() + pos_, &hdr, 4);
-    std::memcpy(page_.data() + pos_ + 4, rec.data(), rec.size());
-    pos_ += 4 + padded;
-    last_ = ts;
-    return true;
-  }
-  std::function<void(const std::vector<uint8_t>&)> flush_;
-  std::vector<uint8_t> page_;
-  size_t pos_ = 16;
-  uint64_t last_ = 0;
-};
 
 // Raw records of the kvm events, laid out by the real format files.
 class Formats {
@@ -149,8 +98,8 @@ class Formats {
 fs::path MakeTracefsDir(const fs::path& work, const fs::path& formats) {
   const fs::path dir = work / "tracefs";
   fs::create_directories(dir);
-  fs::copy(formats / "events", dir / "events", fs::copy_options::recursive |
-                                                   fs::copy_options::overwrite_existing);
+  fs::copy(formats / "events", dir / "events",
+           fs::copy_options::recursive | fs::copy_options::overwrite_existing);
   std::ofstream(dir / "trace_clock") << "[local] global counter uptime perf mono mono_raw boot\n";
   std::ofstream(dir / "saved_cmdlines") << "16330 pvmx\n";
   return dir;
@@ -170,7 +119,7 @@ uint64_t GenerateDat(const fs::path& path, const fs::path& formats_dir, const fs
     std::fprintf(stderr, "kvm_report_benchmark: %s\n", w.error().message.c_str());
     std::exit(1);
   }
-  PageWriter pages([&](const std::vector<uint8_t>& p) {
+  exitscope::sources::RingPageWriter pages([&](const std::vector<uint8_t>& p) {
     if (auto s = (*w)->AddPage(0, p.data(), p.size()); !s) {
       std::fprintf(stderr, "kvm_report_benchmark: %s\n", s.error().message.c_str());
       std::exit(1);
@@ -180,10 +129,11 @@ uint64_t GenerateDat(const fs::path& path, const fs::path& formats_dir, const fs
   const auto load = f.Build("kvm_fpu", tid, {{"load", 1}});
   const auto unload = f.Build("kvm_fpu", tid, {{"load", 0}});
   auto insn = f.Build("kvm_emulate_insn", tid, {{"rip", 0x1000}, {"len", 1}, {"flags", 9}});
-  const auto pio = f.Build("kvm_pio", tid,
-                           {{"rw", 1}, {"port", 0x3f8}, {"size", 1}, {"count", 1}, {"val", 0}});
+  const auto pio =
+      f.Build("kvm_pio", tid, {{"rw", 1}, {"port", 0x3f8}, {"size", 1}, {"count", 1}, {"val", 0}});
   const auto io_exit = f.Build("kvm_userspace_exit", tid, {{"reason", 2}});
-  const auto match = f.Build("vcpu_match_mmio", tid, {{"gva", 0xd0000}, {"gpa", 0xd0000}, {"write", 1}});
+  const auto match =
+      f.Build("vcpu_match_mmio", tid, {{"gva", 0xd0000}, {"gpa", 0xd0000}, {"write", 1}});
   const auto mmio = f.Build("kvm_mmio", tid, {{"type", 2}, {"len", 4}, {"gpa", 0xd0000}});
   const auto mmio_exit = f.Build("kvm_userspace_exit", tid, {{"reason", 6}});
   uint64_t ts = 4'396'959'136'231, records = 0;
@@ -273,8 +223,7 @@ int main(int argc, char** argv) {
   }
   const fs::path formats = fs::path(EXITSCOPE_SOURCE_DIR) / "testdata/kvm/tracefs-pvm-6.18";
   if (!fs::exists(formats / "events/kvm/kvm_exit/format")) {
-    std::fprintf(stderr, "kvm_report_benchmark: format files missing under %s\n",
-                 formats.c_str());
+    std::fprintf(stderr, "kvm_report_benchmark: format files missing under %s\n", formats.c_str());
     return 1;
   }
   char tmpl[] = "/tmp/kvm-bench-XXXXXX";
@@ -285,14 +234,15 @@ int main(int argc, char** argv) {
   const auto g0 = Clock::now();
   const uint64_t records = GenerateDat(dat, formats, work, exits);
   const auto g1 = Clock::now();
-  std::printf("generated %s: %llu exits, %llu kvm records, %.1f MB in %.2f s (synthetic, shaped "
-              "like the real kvm-pvm capture)\n",
-              dat.c_str(), static_cast<unsigned long long>(exits),
-              static_cast<unsigned long long>(records),
-              static_cast<double>(fs::file_size(dat)) / 1e6, Seconds(g0, g1));
+  std::printf(
+      "generated %s: %llu exits, %llu kvm records, %.1f MB in %.2f s (synthetic, shaped "
+      "like the real kvm-pvm capture)\n",
+      dat.c_str(), static_cast<unsigned long long>(exits), static_cast<unsigned long long>(records),
+      static_cast<double>(fs::file_size(dat)) / 1e6, Seconds(g0, g1));
 
   // exitscope in process: open + decode + pair + aggregate (what `kvm report` does).
   uint64_t paired = 0;
+  bool mapped = false;
   const double t_lib = Best(3, [&] {
     const auto t0 = Clock::now();
     auto in = exitscope::sources::KvmInput::Open(dat.string(), {});
@@ -307,11 +257,13 @@ int main(int argc, char** argv) {
       std::exit(1);
     }
     paired = agg.analysis().all.samples;
+    mapped = (*in)->used_mapped_reader();
     return Seconds(t0, Clock::now());
   });
-  std::printf("%-40s %10.3f s %12.0f events/s  (%llu exits paired)\n",
+  std::printf("%-40s %10.3f s %12.0f events/s  (%llu exits paired, %s)\n",
               "exitscope reader (in process)", t_lib, static_cast<double>(records) / t_lib,
-              static_cast<unsigned long long>(paired));
+              static_cast<unsigned long long>(paired),
+              mapped ? "mapped pages" : "libtracecmd iterator");
 
   double t_cli = 0;
   const std::string cli = std::string(EXITSCOPE_BINARY_DIR) + "/exitscope";
@@ -358,10 +310,11 @@ int main(int argc, char** argv) {
         return TimeCommand(fmt::format("perf script -i '{}' 2>/dev/null", pdata.string()),
                            &perf_events, &st);
       });
-      std::printf("%-40s %10.3f s %12.0f events/s  (%llu syscalls:sys_enter_getppid events: "
-                  "perf cannot be given kvm events on this host)\n",
-                  "perf script -i perf.data", t_perf, static_cast<double>(perf_events) / t_perf,
-                  static_cast<unsigned long long>(perf_events));
+      std::printf(
+          "%-40s %10.3f s %12.0f events/s  (%llu syscalls:sys_enter_getppid events: "
+          "perf cannot be given kvm events on this host)\n",
+          "perf script -i perf.data", t_perf, static_cast<double>(perf_events) / t_perf,
+          static_cast<unsigned long long>(perf_events));
     } else {
       std::printf("perf record failed (%s), perf skipped\n", rec.c_str());
     }

@@ -1,5 +1,10 @@
-// Cost of the recorder's hot path: one exit recorded (BeginExit + EndExit with the address
-// resolved among N devices), lookup alone, device events, and snapshots.
+// Cost of the recorder's hot path: one exit recorded (BeginExit + EndExit for an address among
+// N registered devices), lookup alone, device events, and snapshots.
+//
+// BeginExit does not search the address space: it stores the address-space generation and
+// the exit is resolved to device and register off the hot path (Recorder::Resolve, at
+// snapshot / slow path / watchdog time). BM_Lookup is that deferred cost, paid per record
+// by BM_Snapshot, not per exit by the vCPU.
 //
 //   build/bench/recorder_benchmark --benchmark_repetitions=5
 //   --benchmark_report_aggregates_only=true

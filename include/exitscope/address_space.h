@@ -78,6 +78,7 @@ struct AddressTable {
   };
   Space spaces[2];
   std::vector<DeviceInfo> devices;
+  uint32_t generation = 0;  // index of this table among all published ones (0 = the first)
 };
 }  // namespace internal
 
@@ -106,8 +107,40 @@ class AddressSpace {
   // Resolves an access. noexcept, lock-free, no allocation; O(log ranges).
   Resolution Lookup(IoSpace space, uint64_t addr, uint32_t size,
                     AccessDir dir = AccessDir::kNone) const noexcept {
-    const internal::AddressTable* t = table_.load(std::memory_order_acquire);
-    const internal::AddressTable::Space& s = t->spaces[static_cast<int>(space) & 1];
+    return LookupIn(*table_.load(std::memory_order_acquire), space, addr, size, dir);
+  }
+
+  // The generation of the current table: it changes with every AddRange / RemoveRange /
+  // MoveRange. One atomic load: what Recorder::BeginExit stores so the exit can be resolved
+  // later, off the hot path, against the table that was current when it happened.
+  uint32_t generation() const noexcept {
+    return table_.load(std::memory_order_acquire)->generation;
+  }
+
+  // Lookup against the table of `generation` (as returned by generation() at the time of the
+  // access); the current table when `generation` is unknown. Takes the mutation lock: not for
+  // the hot path.
+  Resolution LookupAt(uint32_t generation, IoSpace space, uint64_t addr, uint32_t size,
+                      AccessDir dir = AccessDir::kNone) const noexcept;
+
+  // The device table (a copy; not for the hot path).
+  std::vector<DeviceInfo> Devices() const;
+  // All ranges of both spaces, sorted by space then base.
+  std::vector<RangeInfo> Ranges() const;
+  size_t device_count() const noexcept;
+  // Name of device `index` ("" for kUnassigned / out of range). Not for the hot path.
+  std::string DeviceName(uint32_t index) const;
+  // Index of the device called `name`, kNotFound otherwise.
+  Result<uint32_t> FindDevice(std::string_view name) const;
+  // "SQ1TDBL", "CC+2" or "" for a resolution (size = access size).
+  static std::string RegisterName(const Resolution& r, uint32_t size) {
+    return FormatRegister(r.map, r.reg, size);
+  }
+
+ private:
+  static Resolution LookupIn(const internal::AddressTable& t, IoSpace space, uint64_t addr,
+                             uint32_t size, AccessDir dir) noexcept {
+    const internal::AddressTable::Space& s = t.spaces[static_cast<int>(space) & 1];
     const uint64_t* b = s.bases.data();
     size_t n = s.bases.size();
     // Last range with base <= addr (branch-light binary search).
@@ -126,22 +159,6 @@ class AddressSpace {
     if (r.map != nullptr) r.reg = r.map->Resolve(r.offset, size, dir);
     return r;
   }
-
-  // The device table (a copy; not for the hot path).
-  std::vector<DeviceInfo> Devices() const;
-  // All ranges of both spaces, sorted by space then base.
-  std::vector<RangeInfo> Ranges() const;
-  size_t device_count() const noexcept;
-  // Name of device `index` ("" for kUnassigned / out of range). Not for the hot path.
-  std::string DeviceName(uint32_t index) const;
-  // Index of the device called `name`, kNotFound otherwise.
-  Result<uint32_t> FindDevice(std::string_view name) const;
-  // "SQ1TDBL", "CC+2" or "" for a resolution (size = access size).
-  static std::string RegisterName(const Resolution& r, uint32_t size) {
-    return FormatRegister(r.map, r.reg, size);
-  }
-
- private:
   Status Publish(std::unique_ptr<internal::AddressTable> next);  // requires mu_ held
 
   mutable std::mutex mu_;

@@ -58,6 +58,8 @@ enum ExitFlags : uint8_t {
   kExitFlagStalled = 1u << 2,  // the watchdog reported this exit while it was in progress
   kExitFlagNoEnd = 1u << 3,    // BeginExit was followed by another BeginExit without EndExit
                                // (duration is up to the next begin)
+  kExitFlagUnresolved = 1u << 4,  // not yet resolved: `device` holds the address-space
+                                  // generation of the access (Recorder::Resolve)
 };
 
 // One exit. Trivially copyable, fixed size; all fields meaningful only as documented.

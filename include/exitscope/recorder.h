@@ -119,32 +119,29 @@ class Recorder {
     if (__builtin_expect(vcpu >= num_vcpus_, 0)) return CountBadVcpu();
     internal::VcpuSlot& v = slots_[vcpu];
     const uint64_t now = clock_.Now();
-    uint32_t device = kUnassigned;
-    RegisterHit hit;
-    if (kind == ExitKind::kMmio || kind == ExitKind::kPio) {
-      const Resolution res =
-          space_.Lookup(kind == ExitKind::kPio ? IoSpace::kPio : IoSpace::kMmio, addr, size, dir);
-      device = res.device;
-      hit = res.reg;
-    }
+    // MMIO / PIO exits are resolved to device and register later, off the hot path (snapshot,
+    // slow path, watchdog), against the address-space generation current now: one load here
+    // instead of a search, and names stay right even if a range moves afterwards.
+    const bool has_target = kind == ExitKind::kMmio || kind == ExitKind::kPio;
+    const uint32_t device = has_target ? space_.generation() : kUnassigned;
+    const uint64_t flags = (dir == AccessDir::kWrite ? kExitFlagValue : 0) |
+                           (has_target ? kExitFlagUnresolved : 0);
     if (__builtin_expect(v.cur[0].load(std::memory_order_relaxed) != 0, 0)) {
       BeginWithoutEnd(vcpu, now);
     }
     // The words of an ExitRecord (layout asserted in exit_record.h), written straight into the
     // in-progress slot under its seqlock.
-    const bool has_value = dir == AccessDir::kWrite;
     const uint64_t s = v.seq.load(std::memory_order_relaxed);
     v.seq.store(s + 1, std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_release);
     v.cur[0].store(now, std::memory_order_relaxed);
     v.cur[1].store(0, std::memory_order_relaxed);
     v.cur[2].store(addr, std::memory_order_relaxed);
-    v.cur[3].store(has_value ? value : 0, std::memory_order_relaxed);
+    v.cur[3].store(dir == AccessDir::kWrite ? value : 0, std::memory_order_relaxed);
     v.cur[4].store(vcpu | (static_cast<uint64_t>(device) << 32), std::memory_order_relaxed);
-    v.cur[5].store(hit.reg | (static_cast<uint64_t>(hit.element) << 32), std::memory_order_relaxed);
-    v.cur[6].store(hit.delta | (static_cast<uint64_t>(kind) << 32) |
-                       (static_cast<uint64_t>(size) << 40) | (static_cast<uint64_t>(dir) << 48) |
-                       (static_cast<uint64_t>(has_value ? kExitFlagValue : 0) << 56),
+    v.cur[5].store(kNoRegister, std::memory_order_relaxed);
+    v.cur[6].store((static_cast<uint64_t>(kind) << 32) | (static_cast<uint64_t>(size) << 40) |
+                       (static_cast<uint64_t>(dir) << 48) | (flags << 56),
                    std::memory_order_relaxed);
     v.exit_no.store(++v.begins, std::memory_order_relaxed);
     v.seq.store(s + 2, std::memory_order_release);
@@ -232,6 +229,10 @@ class Recorder {
   RecorderCounters counters() const noexcept;
   std::vector<FindingRecord> Findings() const;
   const FlightRecorder& flight_recorder() const noexcept { return rings_; }
+
+  // Fills device / register of a record still marked kExitFlagUnresolved (records read
+  // straight from flight_recorder() rings are; Snapshot() and dumps are always resolved).
+  void Resolve(ExitRecord* r) const noexcept;
 
   // Internal: used by the watchdog and slow paths.
   void AddFinding(FindingRecord f);

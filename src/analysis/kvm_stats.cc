@@ -59,14 +59,22 @@ std::vector<const KvmRow*> SortedRows(const KvmGroup& g, KvmSortKey key) {
   const auto value = [key](const KvmRow* r) -> double {
     const LatencyStats& s = r->stats;
     switch (key) {
-      case KvmSortKey::kSample: return static_cast<double>(s.count());
-      case KvmSortKey::kTime: return static_cast<double>(s.sum());
-      case KvmSortKey::kMax: return static_cast<double>(s.max());
-      case KvmSortKey::kMin: return static_cast<double>(s.min());
-      case KvmSortKey::kAvg: return s.mean();
-      case KvmSortKey::kP50: return static_cast<double>(s.Quantile(0.5));
-      case KvmSortKey::kP99: return static_cast<double>(s.Quantile(0.99));
-      case KvmSortKey::kP999: return static_cast<double>(s.Quantile(0.999));
+      case KvmSortKey::kSample:
+        return static_cast<double>(s.count());
+      case KvmSortKey::kTime:
+        return static_cast<double>(s.sum());
+      case KvmSortKey::kMax:
+        return static_cast<double>(s.max());
+      case KvmSortKey::kMin:
+        return static_cast<double>(s.min());
+      case KvmSortKey::kAvg:
+        return s.mean();
+      case KvmSortKey::kP50:
+        return static_cast<double>(s.Quantile(0.5));
+      case KvmSortKey::kP99:
+        return static_cast<double>(s.Quantile(0.99));
+      case KvmSortKey::kP999:
+        return static_cast<double>(s.Quantile(0.999));
     }
     return 0;
   };

@@ -51,15 +51,15 @@ struct KvmAnalysisOptions {
 
 // One key's row.
 struct KvmRow {
-  std::string key;       // as printed: "IO", "0x3f8:POUT"
-  std::string name;      // resolved name: device.register, MSR name; may be empty
+  std::string key;   // as printed: "IO", "0x3f8:POUT"
+  std::string name;  // resolved name: device.register, MSR name; may be empty
   LatencyStats stats;
 };
 
 // The rows of one scope (everything, one VM, or one vCPU of one VM).
 struct KvmGroup {
-  int64_t vm = -1;    // -1: all VMs
-  int64_t vcpu = -1;  // -1: all vCPUs
+  int64_t vm = -1;                            // -1: all VMs
+  int64_t vcpu = -1;                          // -1: all vCPUs
   std::vector<std::unique_ptr<KvmRow>> rows;  // in first-seen order
   uint64_t samples = 0;
   uint64_t time_ns = 0;
@@ -70,7 +70,7 @@ struct KvmAnalysis {
   KvmGroup all;
   std::vector<std::unique_ptr<KvmGroup>> per_vm;    // sorted by vm at Finish()
   std::vector<std::unique_ptr<KvmGroup>> per_vcpu;  // sorted by (vm, vcpu)
-  uint64_t exits_seen = 0;      // every ExitEvent received
+  uint64_t exits_seen = 0;                          // every ExitEvent received
   uint64_t exits_filtered = 0;  // of which not in the class or filtered by --vcpu / -p
   uint64_t slow_exits = 0;
 };

@@ -61,9 +61,10 @@ void KvmUsage(FILE* out) {
 
 int ReportMain(int argc, char** argv) {
   const char* self = argv[0];
-  CLI::App app{"Analyse KVM exits from a kvm trace, as perf kvm stat report does, with "
-               "percentiles, histograms, device/register names and JSON/CSV output.",
-               "exitscope kvm report"};
+  CLI::App app{
+      "Analyse KVM exits from a kvm trace, as perf kvm stat report does, with "
+      "percentiles, histograms, device/register names and JSON/CSV output.",
+      "exitscope kvm report"};
   std::string input, event = "vmexit", key = "sample", format = "table", device_map;
   std::string pvm_numbering = "upstream", isa = "auto";
   int64_t vcpu = -1, pid = -1;
@@ -75,9 +76,9 @@ int ReportMain(int argc, char** argv) {
   app.add_option("--event", event, "vmexit | userspace | ioport | mmio | msr | hypercall");
   app.add_option("--vcpu", vcpu, "only this vCPU");
   app.add_option("-p,--pid", pid, "only this VM (VMM process id) or vCPU thread id");
-  app.add_option("-k,--key", key, "sort rows by: sample | time | max | min | avg | p50 | p99 | p999");
-  app.add_option("--duration", duration_us,
-                 "print each exit that took at least USEC microseconds");
+  app.add_option("-k,--key", key,
+                 "sort rows by: sample | time | max | min | avg | p50 | p99 | p999");
+  app.add_option("--duration", duration_us, "print each exit that took at least USEC microseconds");
   app.add_flag("--percentiles", percentiles, "add p50 / p99 / p99.9 columns");
   app.add_flag("--per-vcpu", per_vcpu, "add one table per vCPU");
   app.add_flag("--per-vm", per_vm, "add one table per VM");
@@ -126,11 +127,16 @@ int ReportMain(int argc, char** argv) {
     return Usage(self, fmt::format("--pvm-numbering: '{}' is not upstream or fork", pvm_numbering));
   }
   sources::KvmInputOptions iopts;
-  if (isa == "auto") iopts.text.isa = Isa::kUnknown;
-  else if (isa == "vmx") iopts.text.isa = Isa::kVmx;
-  else if (isa == "svm") iopts.text.isa = Isa::kSvm;
-  else if (isa == "pvm") iopts.text.isa = Isa::kPvm;
-  else return Usage(self, fmt::format("--isa: '{}' is not auto, vmx, svm or pvm", isa));
+  if (isa == "auto")
+    iopts.text.isa = Isa::kUnknown;
+  else if (isa == "vmx")
+    iopts.text.isa = Isa::kVmx;
+  else if (isa == "svm")
+    iopts.text.isa = Isa::kSvm;
+  else if (isa == "pvm")
+    iopts.text.isa = Isa::kPvm;
+  else
+    return Usage(self, fmt::format("--isa: '{}' is not auto, vmx, svm or pvm", isa));
   if (tsc_mhz < 0 || duration_us < 0) {
     return Usage(self, tsc_mhz < 0 ? "--tsc-mhz: must be positive" : "--duration: must be >= 0");
   }
@@ -139,9 +145,10 @@ int ReportMain(int argc, char** argv) {
   std::unique_ptr<sources::KvmDeviceMap> devices;
   if (!device_map.empty()) {
     auto m = sources::KvmDeviceMap::Load(device_map);
-    if (!m) return Fail(self, Error{m.error().code == ErrorCode::kIo ? ErrorCode::kInvalidArgument
-                                                                    : m.error().code,
-                                    "--device-map " + m.error().message});
+    if (!m)
+      return Fail(self, Error{m.error().code == ErrorCode::kIo ? ErrorCode::kInvalidArgument
+                                                               : m.error().code,
+                              "--device-map " + m.error().message});
     devices = std::move(*m);
     popts.devices = devices.get();
   }
@@ -189,9 +196,12 @@ int ReportMain(int argc, char** argv) {
   ropts.per_vcpu = per_vcpu;
   ropts.per_vm = per_vm;
   std::string out;
-  if (format == "json") out = report::RenderKvmJson(agg.analysis(), ctx, ropts);
-  else if (format == "csv") out = report::RenderKvmCsv(agg.analysis(), ctx, ropts);
-  else out = report::RenderKvmTable(agg.analysis(), ctx, ropts);
+  if (format == "json")
+    out = report::RenderKvmJson(agg.analysis(), ctx, ropts);
+  else if (format == "csv")
+    out = report::RenderKvmCsv(agg.analysis(), ctx, ropts);
+  else
+    out = report::RenderKvmTable(agg.analysis(), ctx, ropts);
   std::fwrite(out.data(), 1, out.size(), stdout);
   return std::fflush(stdout) == 0 ? 0 : 1;
 }
@@ -207,9 +217,12 @@ int KvmMain(int argc, char** argv) {
   }
   const std::string sub = argv[1];
   int (*fn)(int, char**) = nullptr;
-  if (sub == "report") fn = ReportMain;
-  else if (sub == "record") fn = KvmRecordMain;
-  else if (sub == "live") fn = KvmLiveMain;
+  if (sub == "report")
+    fn = ReportMain;
+  else if (sub == "record")
+    fn = KvmRecordMain;
+  else if (sub == "live")
+    fn = KvmLiveMain;
   if (fn == nullptr) {
     std::fprintf(stderr, "%s: unknown command '%s' (report, record, live)\n", self, sub.c_str());
     return 2;

@@ -150,11 +150,12 @@ int RunMain(int argc, char** argv) {
   app.add_option("--io-age", cfg.io_age_ms, "watchdog: report I/Os in flight this long (ms)")
       ->default_val(20000);
   app.add_option("--backend-depth", cfg.backend_depth,
-                 "I/Os nvme0's backend takes before a doorbell waits")
-      ->default_val(4);
+                 "I/Os nvme0's backend holds (queued or in service) before a doorbell waits "
+                 "inside its exit; 1 = synchronous submission")
+      ->default_val(1);
   app.add_option("--dump", cfg.dump_path,
                  "dump file written at the end and on a fatal guest error "
-                 "(default: exitscope-<pid>.esdump)");
+                 "(default: exitscope-<pid>.esd)");
   app.add_flag("--no-dump", no_dump, "do not write a dump at the end");
   app.add_option("--duration", cfg.duration_s,
                  "stop the guest after SECONDS (default: when it ends)");

@@ -52,7 +52,17 @@ AddressSpace::AddressSpace() {
 
 AddressSpace::~AddressSpace() = default;
 
+Resolution AddressSpace::LookupAt(uint32_t generation, IoSpace space, uint64_t addr,
+                                  uint32_t size, AccessDir dir) const noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  const internal::AddressTable& t = generation < tables_.size()
+                                        ? *tables_[generation]
+                                        : *table_.load(std::memory_order_acquire);
+  return LookupIn(t, space, addr, size, dir);
+}
+
 Status AddressSpace::Publish(std::unique_ptr<internal::AddressTable> next) {
+  next->generation = static_cast<uint32_t>(tables_.size());
   table_.store(next.get(), std::memory_order_release);
   tables_.push_back(std::move(next));
   return {};

@@ -189,7 +189,19 @@ std::string ExitLinePrefix(const Recorder& rec, const ExitRecord& r) {
 }
 }  // namespace
 
-void Recorder::SlowPath(const ExitRecord& r, bool stalled) noexcept {
+void Recorder::Resolve(ExitRecord* r) const noexcept {
+  if ((r->flags & kExitFlagUnresolved) == 0) return;
+  const Resolution res = space_.LookupAt(r->device, SpaceOf(r->kind), r->addr, r->size, r->dir);
+  r->device = res.device;
+  r->reg = res.reg.reg;
+  r->reg_element = res.reg.element;
+  r->reg_delta = res.reg.delta;
+  r->flags &= static_cast<uint8_t>(~kExitFlagUnresolved);
+}
+
+void Recorder::SlowPath(const ExitRecord& unresolved, bool stalled) noexcept {
+  ExitRecord r = unresolved;
+  Resolve(&r);
   try {
     const uint64_t ns = clock_.TicksToNs(r.duration_ticks);
     const uint64_t now_ns = Clock::MonotonicNs();
@@ -461,6 +473,7 @@ class Watchdog {
       const uint64_t now = clock.Now();
       const uint64_t elapsed = now > r.start_ticks ? now - r.start_ticks : 0;
       if (elapsed < stuck_ticks) continue;
+      rec->Resolve(&r);
       (*reported)[v] = no;
       slot.stalled.store(no, std::memory_order_relaxed);
       FindingRecord f;
@@ -571,7 +584,8 @@ Dump Recorder::Snapshot(const DumpOptions& options) const {
     d.ranges.push_back(dr);
   }
 
-  auto to_dump = [&](const ExitRecord& r) {
+  auto to_dump = [&](ExitRecord r) {
+    Resolve(&r);
     DumpExit e;
     e.start_ns = clock_.ToMonotonicNs(r.start_ticks);
     e.duration_ns = clock_.TicksToNs(r.duration_ticks);

@@ -40,6 +40,14 @@ std::string Hex(uint64_t v) {
 // Does some element of `a` share a byte with some element of `b`?
 bool ElementsOverlap(const RegisterDef& a, const RegisterDef& b) {
   if (a.end() <= b.offset || b.end() <= a.offset) return false;
+  if (a.count > 1 && b.count > 1 && a.stride == b.stride) {
+    // Same stride: the layout repeats every stride, so compare residues (O(1); NVMe has two
+    // 65536-element doorbell arrays).
+    const RegisterDef& lo = a.offset <= b.offset ? a : b;
+    const RegisterDef& hi = a.offset <= b.offset ? b : a;
+    const uint64_t rel = (hi.offset - lo.offset) % lo.stride;
+    return rel < lo.width || lo.stride - rel < hi.width;
+  }
   const RegisterDef& small = a.count <= b.count ? a : b;
   const RegisterDef& big = a.count <= b.count ? b : a;
   for (uint32_t i = 0; i < small.count; ++i) {

@@ -19,19 +19,26 @@ using analysis::LatencyHistogram;
 
 constexpr int kDecodeWidth = 20;  // perf's decode_str_len
 
-double Us(uint64_t ns) { return static_cast<double>(ns) / 1e3; }
+double Us(uint64_t ns) {
+  return static_cast<double>(ns) / 1e3;
+}
 double Pct(uint64_t part, uint64_t whole) {
   return whole ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0;
 }
 
 std::string ScopeLine(const KvmReportContext& ctx, int64_t vm, int64_t vcpu) {
   std::string s = "Analyze events for ";
-  if (vm >= 0) s += fmt::format("VM {}, ", vm);
-  else if (ctx.pid >= 0) s += fmt::format("pid(s) {}, ", ctx.pid);
-  else s += "all VMs, ";
+  if (vm >= 0)
+    s += fmt::format("VM {}, ", vm);
+  else if (ctx.pid >= 0)
+    s += fmt::format("pid(s) {}, ", ctx.pid);
+  else
+    s += "all VMs, ";
   const int64_t v = vcpu >= 0 ? vcpu : ctx.vcpu;
-  if (v >= 0) s += fmt::format("VCPU {}:", v);
-  else s += "all VCPUs:";
+  if (v >= 0)
+    s += fmt::format("VCPU {}:", v);
+  else
+    s += "all VCPUs:";
   return s;
 }
 
@@ -78,13 +85,14 @@ void AppendTable(std::string& out, const KvmAnalysis& a, const KvmGroup& g,
 
 void AppendFooter(std::string& out, const KvmAnalysis& a, const KvmReportContext& ctx,
                   const KvmRenderOptions& opts) {
-  out += "\nNote: \"+-\" is the standard error of the mean relative to the mean (as perf kvm "
-         "stat prints it), not the spread";
-  out += opts.percentiles
-             ? fmt::format("; percentiles come from a log-linear histogram (<= {:.2f}% "
-                           "relative error).\n",
-                           100.0 * LatencyHistogram::kMaxRelativeError)
-             : ".\n";
+  out +=
+      "\nNote: \"+-\" is the standard error of the mean relative to the mean (as perf kvm "
+      "stat prints it), not the spread";
+  out += opts.percentiles ? fmt::format(
+                                "; percentiles come from a log-linear histogram (<= {:.2f}% "
+                                "relative error).\n",
+                                100.0 * LatencyHistogram::kMaxRelativeError)
+                          : ".\n";
   if (ctx.tsc_khz != 0) {
     out += fmt::format("Clock: {} timestamps converted at {:.3f} MHz{}.\n", ctx.clock,
                        static_cast<double>(ctx.tsc_khz) / 1e3,
@@ -106,8 +114,9 @@ void AppendFooter(std::string& out, const KvmAnalysis& a, const KvmReportContext
                            : std::string());
     if (p->exits == 0 && p->records[static_cast<size_t>(sources::KvmEventType::kExit)] == 0 &&
         p->records[static_cast<size_t>(sources::KvmEventType::kUserspaceExit)] == 0) {
-      out += "No kvm_exit or kvm_userspace_exit records: nothing to pair (were kvm events "
-             "enabled?).\n";
+      out +=
+          "No kvm_exit or kvm_userspace_exit records: nothing to pair (were kvm events "
+          "enabled?).\n";
     }
   }
   if (a.exits_filtered != 0) {
@@ -184,11 +193,10 @@ void AppendCsvGroup(std::string& out, std::string_view scope, const KvmGroup& g,
     const auto& s = r->stats;
     out += fmt::format("{},{},{},{},{},{},{:.4f},{},{:.4f},{},{},{:.1f},{:.4f},{},{},{}\n", scope,
                        g.vm >= 0 ? fmt::format("{}", g.vm) : "",
-                       g.vcpu >= 0 ? fmt::format("{}", g.vcpu) : "", quote(r->key),
-                       quote(r->name), s.count(), Pct(s.count(), g.samples), s.sum(),
-                       Pct(s.sum(), g.time_ns), s.min(), s.max(), s.mean(),
-                       s.RelStdErrPercent(), s.Quantile(0.5), s.Quantile(0.99),
-                       s.Quantile(0.999));
+                       g.vcpu >= 0 ? fmt::format("{}", g.vcpu) : "", quote(r->key), quote(r->name),
+                       s.count(), Pct(s.count(), g.samples), s.sum(), Pct(s.sum(), g.time_ns),
+                       s.min(), s.max(), s.mean(), s.RelStdErrPercent(), s.Quantile(0.5),
+                       s.Quantile(0.99), s.Quantile(0.999));
   }
 }
 
@@ -199,7 +207,9 @@ std::string RenderKvmHistogram(const KvmRow& row, int bar_width) {
   std::string out = fmt::format("{} ({} samples)\n", row.key, h.count());
   if (h.count() == 0) return out;
   // Power-of-two bins covering [min, max].
-  const auto top_bit = [](uint64_t v) { return v == 0 ? 0 : static_cast<int>(std::bit_width(v)) - 1; };
+  const auto top_bit = [](uint64_t v) {
+    return v == 0 ? 0 : static_cast<int>(std::bit_width(v)) - 1;
+  };
   const int lo_bit = top_bit(h.min());
   const int hi_bit = std::max(lo_bit, top_bit(h.max()));
   std::vector<uint64_t> bins(static_cast<size_t>(hi_bit - lo_bit + 1), 0);
@@ -216,12 +226,11 @@ std::string RenderKvmHistogram(const KvmRow& row, int bar_width) {
     const int bit = lo_bit + static_cast<int>(i);
     const uint64_t from = bit == 0 && lo_bit == 0 ? 0 : uint64_t{1} << bit;
     const uint64_t to = uint64_t{1} << (bit + 1);
-    const int len = peak ? static_cast<int>((bins[i] * static_cast<uint64_t>(bar_width) +
-                                             peak - 1) / peak)
-                         : 0;
+    const int len =
+        peak ? static_cast<int>((bins[i] * static_cast<uint64_t>(bar_width) + peak - 1) / peak) : 0;
     out += fmt::format("  {:>10} - {:<10} |{:<{}}| {:>10} {:6.2f}%\n", FormatDuration(from),
-                       FormatDuration(to), std::string(static_cast<size_t>(len), '#'),
-                       bar_width, bins[i], Pct(bins[i], h.count()));
+                       FormatDuration(to), std::string(static_cast<size_t>(len), '#'), bar_width,
+                       bins[i], Pct(bins[i], h.count()));
   }
   return out;
 }

@@ -27,10 +27,10 @@ struct KvmSlowExit {
 
 // Everything about the input a report states besides its rows.
 struct KvmReportContext {
-  std::string input{};      // file name, or "live"
-  std::string format{};      // "trace-cmd .dat", "trace-cmd report", "perf script", ...
-  std::string clock{};      // the capture's trace clock
-  uint64_t tsc_khz = 0;     // used to convert x86-tsc timestamps (0: not converted)
+  std::string input{};   // file name, or "live"
+  std::string format{};  // "trace-cmd .dat", "trace-cmd report", "perf script", ...
+  std::string clock{};   // the capture's trace clock
+  uint64_t tsc_khz = 0;  // used to convert x86-tsc timestamps (0: not converted)
   bool tsc_khz_from_host = false;
   uint64_t lost_at_record = 0;  // overruns the capture recorded (trace-cmd CPUSTAT)
   const sources::KvmPairingStats* pairing = nullptr;

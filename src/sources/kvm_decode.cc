@@ -209,39 +209,67 @@ constexpr std::array<std::string_view, 21> kPvmExceptions = {
 
 // HC_ reasons: HYPERCALL + 1 .. HYPERCALL + 10, in this order.
 constexpr std::array<std::string_view, 11> kPvmHcReasons = {
-    "HYPERCALL",   "HC_IRQ_WIN",  "HC_IRQ_HALT", "HC_LOAD_PGTBL", "HC_TLB_FLUSH",
-    "HC_TLB_FLUSH_CURRENT", "HC_TLB_INVLPG", "HC_LOAD_GS", "HC_RDMSR", "HC_WRMSR",
-    "HC_LOAD_TLS",
+    "HYPERCALL",     "HC_IRQ_WIN",   "HC_IRQ_HALT",
+    "HC_LOAD_PGTBL", "HC_TLB_FLUSH", "HC_TLB_FLUSH_CURRENT",
+    "HC_TLB_INVLPG", "HC_LOAD_GS",   "HC_RDMSR",
+    "HC_WRMSR",      "HC_LOAD_TLS",
 };
 // Raw hypercall numbers: PVM_HC_SPECIAL_BASE + n, in a DIFFERENT order from the reasons.
 constexpr std::array<std::string_view, 10> kPvmHcByNumber = {
-    "HC_LOAD_PGTBL",  // +0
-    "HC_IRQ_WIN",     // +1
-    "HC_IRQ_HALT",    // +2
-    "HC_TLB_FLUSH",   // +3
+    "HC_LOAD_PGTBL",         // +0
+    "HC_IRQ_WIN",            // +1
+    "HC_IRQ_HALT",           // +2
+    "HC_TLB_FLUSH",          // +3
     "HC_TLB_FLUSH_CURRENT",  // +4
-    "HC_TLB_INVLPG",  // +5
-    "HC_LOAD_GS",     // +6
-    "HC_RDMSR",       // +7
-    "HC_WRMSR",       // +8
-    "HC_LOAD_TLS",    // +9
+    "HC_TLB_INVLPG",         // +5
+    "HC_LOAD_GS",            // +6
+    "HC_RDMSR",              // +7
+    "HC_WRMSR",              // +8
+    "HC_LOAD_TLS",           // +9
 };
 
 constexpr NamedCode kUserspaceExits[] = {
-    {0, "UNKNOWN"},         {1, "EXCEPTION"},        {2, "IO"},
-    {3, "HYPERCALL"},       {4, "DEBUG"},            {5, "HLT"},
-    {6, "MMIO"},            {7, "IRQ_WINDOW_OPEN"},  {8, "SHUTDOWN"},
-    {9, "FAIL_ENTRY"},      {10, "INTR"},            {11, "SET_TPR"},
-    {12, "TPR_ACCESS"},     {13, "S390_SIEIC"},      {14, "S390_RESET"},
-    {15, "DCR"},            {16, "NMI"},             {17, "INTERNAL_ERROR"},
-    {18, "OSI"},            {19, "PAPR_HCALL"},      {20, "S390_UCONTROL"},
-    {21, "WATCHDOG"},       {22, "S390_TSCH"},       {23, "EPR"},
-    {24, "SYSTEM_EVENT"},   {25, "S390_STSI"},       {26, "IOAPIC_EOI"},
-    {27, "HYPERV"},         {28, "ARM_NISV"},        {29, "X86_RDMSR"},
-    {30, "X86_WRMSR"},      {31, "DIRTY_RING_FULL"}, {32, "AP_RESET_HOLD"},
-    {33, "X86_BUS_LOCK"},   {34, "XEN"},             {35, "RISCV_SBI"},
-    {36, "RISCV_CSR"},      {37, "NOTIFY"},          {38, "LOONGARCH_IOCSR"},
-    {39, "MEMORY_FAULT"},   {40, "TDX"},
+    {0, "UNKNOWN"},
+    {1, "EXCEPTION"},
+    {2, "IO"},
+    {3, "HYPERCALL"},
+    {4, "DEBUG"},
+    {5, "HLT"},
+    {6, "MMIO"},
+    {7, "IRQ_WINDOW_OPEN"},
+    {8, "SHUTDOWN"},
+    {9, "FAIL_ENTRY"},
+    {10, "INTR"},
+    {11, "SET_TPR"},
+    {12, "TPR_ACCESS"},
+    {13, "S390_SIEIC"},
+    {14, "S390_RESET"},
+    {15, "DCR"},
+    {16, "NMI"},
+    {17, "INTERNAL_ERROR"},
+    {18, "OSI"},
+    {19, "PAPR_HCALL"},
+    {20, "S390_UCONTROL"},
+    {21, "WATCHDOG"},
+    {22, "S390_TSCH"},
+    {23, "EPR"},
+    {24, "SYSTEM_EVENT"},
+    {25, "S390_STSI"},
+    {26, "IOAPIC_EOI"},
+    {27, "HYPERV"},
+    {28, "ARM_NISV"},
+    {29, "X86_RDMSR"},
+    {30, "X86_WRMSR"},
+    {31, "DIRTY_RING_FULL"},
+    {32, "AP_RESET_HOLD"},
+    {33, "X86_BUS_LOCK"},
+    {34, "XEN"},
+    {35, "RISCV_SBI"},
+    {36, "RISCV_CSR"},
+    {37, "NOTIFY"},
+    {38, "LOONGARCH_IOCSR"},
+    {39, "MEMORY_FAULT"},
+    {40, "TDX"},
 };
 
 constexpr NamedCode kMsrs[] = {
@@ -315,8 +343,12 @@ constexpr std::array<std::string_view, 32> kExceptionNames = {
 
 }  // namespace
 
-std::string_view VmxReasonName(uint32_t basic) noexcept { return Find(kVmxReasons, basic); }
-std::string_view SvmReasonName(uint32_t code) noexcept { return Find(kSvmReasons, code); }
+std::string_view VmxReasonName(uint32_t basic) noexcept {
+  return Find(kVmxReasons, basic);
+}
+std::string_view SvmReasonName(uint32_t code) noexcept {
+  return Find(kSvmReasons, code);
+}
 
 std::string_view PvmReasonName(uint32_t code, PvmNumbering numbering) noexcept {
   if (code < kPvmExceptions.size()) return kPvmExceptions[code];
@@ -330,20 +362,31 @@ std::string_view PvmReasonName(uint32_t code, PvmNumbering numbering) noexcept {
   switch (numbering) {
     case PvmNumbering::kUpstream:
       switch (major) {
-        case 1: return "SYSCALL";
-        case 3: return "ERETU";
-        case 4: return "ERETS";
-        case 5: return "INTERRUPT";
-        case 6: return "INT80";
-        default: return {};
+        case 1:
+          return "SYSCALL";
+        case 3:
+          return "ERETU";
+        case 4:
+          return "ERETS";
+        case 5:
+          return "INTERRUPT";
+        case 6:
+          return "INT80";
+        default:
+          return {};
       }
     case PvmNumbering::kFork:
       switch (major) {
-        case 1: return "SYSCALL";
-        case 3: return "ERETU";
-        case 4: return "INTERRUPT";
-        case 5: return "INT80";
-        default: return {};
+        case 1:
+          return "SYSCALL";
+        case 3:
+          return "ERETU";
+        case 4:
+          return "INTERRUPT";
+        case 5:
+          return "INT80";
+        default:
+          return {};
       }
   }
   return {};
@@ -363,10 +406,10 @@ ExitReason DecodeExitReason(uint32_t exit_reason, uint32_t isa, uint64_t info2,
       r.failed_vmentry = (exit_reason & kVmxFailedVmentry) != 0;
       r.name = VmxReasonName(basic);
       r.known = !r.name.empty();
-      r.hypercall = basic == 18;               // VMCALL
+      r.hypercall = basic == 18;  // VMCALL
       r.msr = basic == 31 || basic == 32 || basic == 84 || basic == 85;
       r.io = basic == 30;
-      r.mmio = basic == 48 || basic == 49;     // EPT_VIOLATION / EPT_MISCONFIG
+      r.mmio = basic == 48 || basic == 49;  // EPT_VIOLATION / EPT_MISCONFIG
       break;
     }
     case Isa::kSvm:
@@ -375,7 +418,7 @@ ExitReason DecodeExitReason(uint32_t exit_reason, uint32_t isa, uint64_t info2,
       r.hypercall = exit_reason == 0x081;
       r.msr = exit_reason == 0x07c;
       r.io = exit_reason == 0x07b;
-      r.mmio = exit_reason == 0x400;           // npf
+      r.mmio = exit_reason == 0x400;  // npf
       break;
     case Isa::kPvm: {
       r.failed_vmentry = exit_reason == kPvmFailedVmentry;
@@ -389,7 +432,7 @@ ExitReason DecodeExitReason(uint32_t exit_reason, uint32_t isa, uint64_t info2,
         if (std::string_view hc_name = PvmHypercallName(info2); !hc_name.empty()) r.name = hc_name;
       }
       r.msr = r.name == "HC_RDMSR" || r.name == "HC_WRMSR";
-      r.mmio = exit_reason == 14;              // PF excp: MMIO goes through #PF on PVM
+      r.mmio = exit_reason == 14;  // PF excp: MMIO goes through #PF on PVM
       break;
     }
     case Isa::kUnknown:

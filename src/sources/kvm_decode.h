@@ -41,10 +41,10 @@ struct ExitReason {
   std::string_view name;
   bool known = false;
   bool failed_vmentry = false;
-  bool hypercall = false;   // a hypercall exit (VMCALL/VMMCALL/PVM HYPERCALL/HC_*)
-  bool msr = false;         // an MSR access exit (VMX MSR_READ/WRITE, SVM msr, PVM HC_RDMSR/WRMSR)
-  bool io = false;          // port I/O exit
-  bool mmio = false;        // an exit that may be MMIO (EPT_VIOLATION/MISCONFIG, npf, PF excp)
+  bool hypercall = false;  // a hypercall exit (VMCALL/VMMCALL/PVM HYPERCALL/HC_*)
+  bool msr = false;        // an MSR access exit (VMX MSR_READ/WRITE, SVM msr, PVM HC_RDMSR/WRMSR)
+  bool io = false;         // port I/O exit
+  bool mmio = false;       // an exit that may be MMIO (EPT_VIOLATION/MISCONFIG, npf, PF excp)
   int64_t hypercall_nr = -1;  // raw hypercall number when the record carries one (PVM info2)
 };
 

@@ -40,8 +40,8 @@ std::vector<std::string_view> Words(std::string_view line) {
 }  // namespace
 
 Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::Parse(std::string_view text,
-                                                         std::string_view origin,
-                                                         const std::string& base_dir) {
+                                                          std::string_view origin,
+                                                          const std::string& base_dir) {
   std::unique_ptr<KvmDeviceMap> m(new KvmDeviceMap());
   size_t pos = 0, line_no = 0;
   while (pos <= text.size()) {
@@ -59,9 +59,12 @@ Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::Parse(std::string_view text,
       return fail("expected `name kind mmio|pio base length [regmap]`");
     }
     IoSpace space;
-    if (w[2] == "mmio") space = IoSpace::kMmio;
-    else if (w[2] == "pio") space = IoSpace::kPio;
-    else return fail(fmt::format("space must be mmio or pio, not '{}'", w[2]));
+    if (w[2] == "mmio")
+      space = IoSpace::kMmio;
+    else if (w[2] == "pio")
+      space = IoSpace::kPio;
+    else
+      return fail(fmt::format("space must be mmio or pio, not '{}'", w[2]));
     uint64_t base = 0, length = 0;
     if (!ParseNumber(w[3], &base)) return fail(fmt::format("bad base '{}'", w[3]));
     if (!ParseNumber(w[4], &length) || length == 0) {
@@ -77,8 +80,8 @@ Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::Parse(std::string_view text,
         if (!path.empty() && path[0] != '/') path = base_dir + "/" + path;
         auto loaded = RegisterMap::Load(path);
         if (!loaded) {
-          return fail(fmt::format("regmap '{}' is no builtin map and: {}", w[5],
-                                  loaded.error().message));
+          return fail(
+              fmt::format("regmap '{}' is no builtin map and: {}", w[5], loaded.error().message));
         }
         map = std::make_shared<const RegisterMap>(std::move(*loaded));
       }
@@ -117,8 +120,8 @@ Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::LoadDump(const std::string& 
   for (const DeviceInfo& d : dump->devices) {
     auto added = m->space_->AddDevice({.name = d.name, .kind = d.kind, .id = d.id});
     if (!added) {
-      return Fail(ErrorCode::kCorrupt, fmt::format("{}: device '{}': {}", path, d.name,
-                                                   added.error().message));
+      return Fail(ErrorCode::kCorrupt,
+                  fmt::format("{}: device '{}': {}", path, d.name, added.error().message));
     }
   }
   for (const DumpRange& r : dump->ranges) {
@@ -143,14 +146,17 @@ Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::Load(const std::string& path
   return text ? LoadText(path) : LoadDump(path);
 }
 
-bool KvmDeviceMap::Resolve(SubKeyKind kind, uint64_t addr, uint32_t size,
+bool KvmDeviceMap::Resolve(SubKeyKind kind, uint64_t addr, uint32_t size, Direction dir,
                            std::string_view* device, std::string_view* reg) const {
   const IoSpace space = kind == SubKeyKind::kPort ? IoSpace::kPio : IoSpace::kMmio;
-  const Key key{addr, size, static_cast<uint8_t>(space)};
+  const Key key{addr, size, static_cast<uint8_t>(space), static_cast<uint8_t>(dir)};
   auto it = cache_.find(key);
   if (it == cache_.end()) {
     Entry e;
-    const Resolution r = space_->Lookup(space, addr, size);
+    const AccessDir adir = dir == Direction::kRead    ? AccessDir::kRead
+                           : dir == Direction::kWrite ? AccessDir::kWrite
+                                                      : AccessDir::kNone;
+    const Resolution r = space_->Lookup(space, addr, size, adir);
     if (r.assigned() && r.device < names_.size()) {
       e.found = true;
       e.device = names_[r.device];

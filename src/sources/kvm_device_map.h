@@ -20,11 +20,11 @@
 // register names are formatted once and the returned views stay valid for the map's life.
 #pragma once
 
+#include <deque>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <unordered_map>
-#include <deque>
 
 #include "exitscope/address_space.h"
 #include "exitscope/status.h"
@@ -35,8 +35,7 @@ namespace exitscope::sources {
 class KvmDeviceMap final : public KvmDeviceResolver {
  public:
   // Parses the text format above.
-  static Result<std::unique_ptr<KvmDeviceMap>> Parse(std::string_view text,
-                                                     std::string_view origin,
+  static Result<std::unique_ptr<KvmDeviceMap>> Parse(std::string_view text, std::string_view origin,
                                                      const std::string& base_dir = ".");
   static Result<std::unique_ptr<KvmDeviceMap>> LoadText(const std::string& path);
   // Reads a recorder dump (ReadDump) and takes its address space.
@@ -44,8 +43,8 @@ class KvmDeviceMap final : public KvmDeviceResolver {
   // A dump file (by magic) or a text device map.
   static Result<std::unique_ptr<KvmDeviceMap>> Load(const std::string& path);
 
-  bool Resolve(SubKeyKind kind, uint64_t addr, uint32_t size, std::string_view* device,
-               std::string_view* reg) const override;
+  bool Resolve(SubKeyKind kind, uint64_t addr, uint32_t size, Direction dir,
+               std::string_view* device, std::string_view* reg) const override;
 
   const AddressSpace& address_space() const noexcept { return *space_; }
   size_t device_count() const noexcept { return space_->device_count(); }
@@ -56,11 +55,13 @@ class KvmDeviceMap final : public KvmDeviceResolver {
     uint64_t addr;
     uint32_t size;
     uint8_t space;
+    uint8_t dir;
     bool operator==(const Key&) const = default;
   };
   struct KeyHash {
     size_t operator()(const Key& k) const noexcept {
-      return std::hash<uint64_t>()(k.addr * 0x9e3779b97f4a7c15ull ^ (k.size << 1) ^ k.space);
+      return std::hash<uint64_t>()(k.addr * 0x9e3779b97f4a7c15ull ^ (k.size << 3) ^ (k.dir << 1) ^
+                                   k.space);
     }
   };
   struct Entry {

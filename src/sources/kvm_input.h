@@ -43,6 +43,8 @@ class KvmInput {
 
   Status ReadAll(KvmPairer* pairer);
   uint64_t records_read() const noexcept;
+  // .dat only: the last ReadAll read CPU pages from the mapped file (TraceCmdDat).
+  bool used_mapped_reader() const noexcept { return dat_ && dat_->used_mapped_reader(); }
 
  private:
   KvmInput() = default;

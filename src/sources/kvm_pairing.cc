@@ -41,8 +41,7 @@ bool KeepsHold(KvmEventType t) noexcept {
 
 }  // namespace
 
-KvmPairer::KvmPairer(KvmPairerOptions options, EventSink* sink)
-    : options_(options), sink_(sink) {}
+KvmPairer::KvmPairer(KvmPairerOptions options, EventSink* sink) : options_(options), sink_(sink) {}
 
 void KvmPairer::SetThreadGroup(int32_t tid, int32_t tgid) {
   tgid_of_[tid] = tgid;
@@ -58,8 +57,15 @@ std::string_view KvmPairer::Intern(std::string s) {
 }
 
 KvmPairer::Thread& KvmPairer::ThreadOf(const KvmRecord& r) {
+  if (last_thread_ != nullptr && last_tid_ == r.tid) {  // runs of one thread are the norm
+    if (r.tgid >= 0) last_thread_->tgid = r.tgid;
+    last_thread_->last_cpu = r.cpu;
+    return *last_thread_;
+  }
   auto [it, inserted] = threads_.try_emplace(r.tid);
   Thread& t = it->second;
+  last_thread_ = &t;  // unordered_map nodes never move
+  last_tid_ = r.tid;
   if (inserted) {
     if (auto g = tgid_of_.find(r.tid); g != tgid_of_.end()) t.tgid = g->second;
   }
@@ -152,7 +158,7 @@ void KvmPairer::Resolve(ExitEvent* e) const {
   if (options_.devices == nullptr) return;
   if (e->subkey_kind != SubKeyKind::kPort && e->subkey_kind != SubKeyKind::kMmio) return;
   std::string_view dev, reg;
-  if (options_.devices->Resolve(e->subkey_kind, e->subkey, e->size, &dev, &reg)) {
+  if (options_.devices->Resolve(e->subkey_kind, e->subkey, e->size, e->dir, &dev, &reg)) {
     e->device = dev;
     e->reg = reg;
   } else {
@@ -205,8 +211,8 @@ void KvmPairer::StartUserExit(Thread& t, const KvmRecord& r) {
   t.ev_is_kernel = false;
   t.phase = Phase::kUserExit;
   e.userspace = true;
-  std::string_view name = r.err < 0 ? (r.err == -4 ? "restart" : "error")
-                                    : UserspaceExitName(r.reason);
+  std::string_view name =
+      r.err < 0 ? (r.err == -4 ? "restart" : "error") : UserspaceExitName(r.reason);
   if (name.empty()) name = Intern(fmt::format("KVM_EXIT_{}", r.reason));
   e.user_reason = name;
   e.reason = name;
@@ -253,12 +259,11 @@ void KvmPairer::Feed(const KvmRecord& r) {
   if (observer_ != nullptr) observer_(r, observer_ctx_);
   ++stats_.records_total;
   ++stats_.records[static_cast<size_t>(r.type) < kKvmEventTypeCount ? static_cast<size_t>(r.type)
-                                                                     : 0];
+                                                                    : 0];
   if (r.type == KvmEventType::kOther || r.type == KvmEventType::kCount) return;
   Thread& t = ThreadOf(r);
-  if (r.vcpu_id >= 0 &&
-      (r.type == KvmEventType::kExit || r.type == KvmEventType::kEntry ||
-       r.type == KvmEventType::kPageFault)) {
+  if (r.vcpu_id >= 0 && (r.type == KvmEventType::kExit || r.type == KvmEventType::kEntry ||
+                         r.type == KvmEventType::kPageFault)) {
     t.vcpu = r.vcpu_id;
   }
 
@@ -311,8 +316,8 @@ void KvmPairer::Feed(const KvmRecord& r) {
     case KvmEventType::kUserspaceExit:
       if (t.phase == Phase::kKernelExit) {
         t.ev.userspace = true;
-        std::string_view name = r.err < 0 ? (r.err == -4 ? "restart" : "error")
-                                          : UserspaceExitName(r.reason);
+        std::string_view name =
+            r.err < 0 ? (r.err == -4 ? "restart" : "error") : UserspaceExitName(r.reason);
         if (name.empty()) name = Intern(fmt::format("KVM_EXIT_{}", r.reason));
         t.ev.user_reason = name;
         break;

@@ -66,9 +66,10 @@ struct ClockScale {
 class KvmDeviceResolver {
  public:
   virtual ~KvmDeviceResolver() = default;
-  // Returns false when the address is in no known device.
-  virtual bool Resolve(SubKeyKind kind, uint64_t addr, uint32_t size, std::string_view* device,
-                       std::string_view* reg) const = 0;
+  // Returns false when the address is in no known device. `dir` picks between registers
+  // sharing an offset (16550 RBR read / THR write).
+  virtual bool Resolve(SubKeyKind kind, uint64_t addr, uint32_t size, Direction dir,
+                       std::string_view* device, std::string_view* reg) const = 0;
 };
 
 struct KvmPairerOptions {
@@ -81,16 +82,16 @@ struct KvmPairerOptions {
 struct KvmPairingStats {
   std::array<uint64_t, kKvmEventTypeCount> records{};  // per KvmEventType (kOther included)
   uint64_t records_total = 0;
-  uint64_t exits = 0;                 // ExitEvents emitted
-  uint64_t kernel_exits = 0;          // of which paired kvm_exit -> kvm_entry
-  uint64_t userspace_exits = 0;       // of which reached userspace
-  uint64_t lost_events = 0;           // records the ring buffer reported lost
-  uint64_t lost_markers = 0;          // loss reports (some without a count)
-  uint64_t unpaired_exits = 0;        // kvm_exit / kvm_userspace_exit never ended (trace end,
-                                      // another exit first, or state discarded after a loss)
-  uint64_t entries_without_exit = 0;  // kvm_entry with no open kvm_exit (the first per thread)
-  uint64_t children_outside_exit = 0; // pio/mmio/msr/... not followed by any exit on their thread
-  uint64_t completions = 0;           // read completions attached to their exit after re-entry
+  uint64_t exits = 0;                  // ExitEvents emitted
+  uint64_t kernel_exits = 0;           // of which paired kvm_exit -> kvm_entry
+  uint64_t userspace_exits = 0;        // of which reached userspace
+  uint64_t lost_events = 0;            // records the ring buffer reported lost
+  uint64_t lost_markers = 0;           // loss reports (some without a count)
+  uint64_t unpaired_exits = 0;         // kvm_exit / kvm_userspace_exit never ended (trace end,
+                                       // another exit first, or state discarded after a loss)
+  uint64_t entries_without_exit = 0;   // kvm_entry with no open kvm_exit (the first per thread)
+  uint64_t children_outside_exit = 0;  // pio/mmio/msr/... not followed by any exit on their thread
+  uint64_t completions = 0;            // read completions attached to their exit after re-entry
   uint64_t failed_vmentry = 0;
 };
 
@@ -137,11 +138,11 @@ class KvmPairer {
     int32_t tgid = -1;
     int64_t vcpu = -1;
     uint64_t exit_ts = 0;
-    ExitEvent ev;            // the exit being built
+    ExitEvent ev;  // the exit being built
     bool ev_is_kernel = false;
-    uint32_t children = 0;   // child records collected for the next / current exit
-    Child child;             // the most informative child so far
-    bool held = false;       // a finished exit waiting for a read completion
+    uint32_t children = 0;  // child records collected for the next / current exit
+    Child child;            // the most informative child so far
+    bool held = false;      // a finished exit waiting for a read completion
     ExitEvent held_ev;
   };
 
@@ -163,6 +164,8 @@ class KvmPairer {
   void* observer_ctx_ = nullptr;
   KvmPairingStats stats_;
   std::unordered_map<int32_t, Thread> threads_;
+  Thread* last_thread_ = nullptr;
+  int32_t last_tid_ = 0;
   std::unordered_map<int32_t, int32_t> tgid_of_;
   std::unordered_map<std::string, std::string_view> interned_index_;
   std::deque<std::string> interned_;

@@ -2,8 +2,8 @@
 
 #include <traceevent/event-parse.h>
 
-#include <bit>
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <string>
 
@@ -11,9 +11,20 @@ namespace exitscope::sources {
 namespace {
 
 constexpr std::array<std::string_view, kKvmEventTypeCount> kNames = {
-    "other",       "kvm_exit",      "kvm_entry",        "kvm_userspace_exit", "kvm_fpu",
-    "kvm_pio",     "kvm_mmio",      "kvm_msr",          "kvm_hypercall",      "kvm_emulate_insn",
-    "vcpu_match_mmio", "kvm_page_fault", "kvm_inj_exception", "kvm_cpuid",
+    "other",
+    "kvm_exit",
+    "kvm_entry",
+    "kvm_userspace_exit",
+    "kvm_fpu",
+    "kvm_pio",
+    "kvm_mmio",
+    "kvm_msr",
+    "kvm_hypercall",
+    "kvm_emulate_insn",
+    "vcpu_match_mmio",
+    "kvm_page_fault",
+    "kvm_inj_exception",
+    "kvm_cpuid",
 };
 
 // Field names per event type, in the slot order KvmTepDecoder::Decode reads them.
@@ -58,7 +69,8 @@ KvmTepDecoder::KvmTepDecoder(tep_handle* tep) : tep_(tep) {
   if (tep_ == nullptr) return;
   swap_ = tep_is_file_bigendian(tep_) != tep_is_local_bigendian(tep_);
   for (const EventSpec& spec : kSpecs) {
-    tep_event* ev = tep_find_event_by_name(tep_, "kvm", std::string(KvmEventName(spec.type)).c_str());
+    tep_event* ev =
+        tep_find_event_by_name(tep_, "kvm", std::string(KvmEventName(spec.type)).c_str());
     if (ev == nullptr) continue;
     EventFields& ef = fields_[Index(spec.type)];
     ef.id = ev->id;

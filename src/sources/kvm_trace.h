@@ -34,19 +34,19 @@ namespace exitscope::sources {
 // (still counted by the pairer).
 enum class KvmEventType : uint8_t {
   kOther = 0,
-  kExit,            // kvm:kvm_exit
-  kEntry,           // kvm:kvm_entry
-  kUserspaceExit,   // kvm:kvm_userspace_exit
-  kFpu,             // kvm:kvm_fpu (load / unload around each KVM_RUN)
-  kPio,             // kvm:kvm_pio
-  kMmio,            // kvm:kvm_mmio
-  kMsr,             // kvm:kvm_msr
-  kHypercall,       // kvm:kvm_hypercall
-  kEmulateInsn,     // kvm:kvm_emulate_insn
-  kVcpuMatchMmio,   // kvm:vcpu_match_mmio
-  kPageFault,       // kvm:kvm_page_fault
-  kInjException,    // kvm:kvm_inj_exception
-  kCpuid,           // kvm:kvm_cpuid
+  kExit,           // kvm:kvm_exit
+  kEntry,          // kvm:kvm_entry
+  kUserspaceExit,  // kvm:kvm_userspace_exit
+  kFpu,            // kvm:kvm_fpu (load / unload around each KVM_RUN)
+  kPio,            // kvm:kvm_pio
+  kMmio,           // kvm:kvm_mmio
+  kMsr,            // kvm:kvm_msr
+  kHypercall,      // kvm:kvm_hypercall
+  kEmulateInsn,    // kvm:kvm_emulate_insn
+  kVcpuMatchMmio,  // kvm:vcpu_match_mmio
+  kPageFault,      // kvm:kvm_page_fault
+  kInjException,   // kvm:kvm_inj_exception
+  kCpuid,          // kvm:kvm_cpuid
   kCount,
 };
 inline constexpr size_t kKvmEventTypeCount = static_cast<size_t>(KvmEventType::kCount);
@@ -65,9 +65,9 @@ inline constexpr uint32_t kKvmMmioWrite = 2;
 // the tracepoint field each comes from). Fields a record does not carry keep their old
 // value: read only what `type` defines.
 struct KvmRecord {
-  uint64_t ts = 0;           // capture clock units (see ClockScale in kvm_pairing.h)
-  int32_t tid = 0;           // common_pid: the thread that hit the tracepoint
-  int32_t tgid = -1;         // its process (the VM) when the source knows it, else -1
+  uint64_t ts = 0;    // capture clock units (see ClockScale in kvm_pairing.h)
+  int32_t tid = 0;    // common_pid: the thread that hit the tracepoint
+  int32_t tgid = -1;  // its process (the VM) when the source knows it, else -1
   uint32_t cpu = 0;
   KvmEventType type = KvmEventType::kOther;
 
@@ -75,13 +75,13 @@ struct KvmRecord {
   // kEntry: vcpu_id, rip (guest_rip). kPageFault: vcpu_id, guest_rip, addr (fault_address),
   // error_code.
   uint32_t exit_reason = 0;
-  uint32_t isa = 0;          // 1 VMX, 2 SVM, 3 PVM
+  uint32_t isa = 0;  // 1 VMX, 2 SVM, 3 PVM
   uint64_t guest_rip = 0;
   uint64_t info1 = 0;
   uint64_t info2 = 0;
   uint32_t intr_info = 0;
   uint32_t error_code = 0;
-  int64_t vcpu_id = -1;      // -1 when the event has no vcpu_id field
+  int64_t vcpu_id = -1;  // -1 when the event has no vcpu_id field
 
   // kUserspaceExit: reason (KVM_EXIT_*), err (errno field, < 0: "restart"/"error").
   uint32_t reason = 0;

@@ -18,7 +18,9 @@ namespace {
 
 using SV = std::string_view;
 
-bool IsDigit(char c) noexcept { return c >= '0' && c <= '9'; }
+bool IsDigit(char c) noexcept {
+  return c >= '0' && c <= '9';
+}
 
 SV TrimLeft(SV s) noexcept {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
@@ -192,15 +194,21 @@ bool ParsePayload(KvmEventType t, SV p, const TextOptions& o, KvmRecord* r) noex
     }
     case KvmEventType::kFpu:
       p = TrimRight(TrimLeft(p));
-      if (p == "load") r->write = 1;
-      else if (p == "unload") r->write = 0;
-      else return false;
+      if (p == "load")
+        r->write = 1;
+      else if (p == "unload")
+        r->write = 0;
+      else
+        return false;
       return true;
     case KvmEventType::kPio: {
       p = TrimLeft(p);
-      if (p.starts_with("pio_write")) r->write = 1;
-      else if (p.starts_with("pio_read")) r->write = 0;
-      else return false;
+      if (p.starts_with("pio_write"))
+        r->write = 1;
+      else if (p.starts_with("pio_read"))
+        r->write = 0;
+      else
+        return false;
       if (!NumAfter(p, " at ", &r->addr, 16)) return false;
       r->size = NumAfter(p, " size ", &v) ? static_cast<uint32_t>(v) : 0;
       r->count = NumAfter(p, " count ", &v) ? static_cast<uint32_t>(v) : 1;
@@ -213,10 +221,14 @@ bool ParsePayload(KvmEventType t, SV p, const TextOptions& o, KvmRecord* r) noex
       if (!p.starts_with("mmio ")) return false;
       p.remove_prefix(5);
       SV kind = TakeWord(p);
-      if (kind == "write") r->mmio_type = kKvmMmioWrite;
-      else if (kind == "read") r->mmio_type = kKvmMmioRead;
-      else if (kind == "unsatisfied-read") r->mmio_type = kKvmMmioUnsatisfiedRead;
-      else return false;
+      if (kind == "write")
+        r->mmio_type = kKvmMmioWrite;
+      else if (kind == "read")
+        r->mmio_type = kKvmMmioRead;
+      else if (kind == "unsatisfied-read")
+        r->mmio_type = kKvmMmioUnsatisfiedRead;
+      else
+        return false;
       r->write = r->mmio_type == kKvmMmioWrite ? 1 : 0;
       r->size = NumAfter(p, "len ", &v) ? static_cast<uint32_t>(v) : 0;
       if (!NumAfter(p, "gpa ", &r->addr, 16)) return false;
@@ -226,9 +238,12 @@ bool ParsePayload(KvmEventType t, SV p, const TextOptions& o, KvmRecord* r) noex
     }
     case KvmEventType::kMsr: {
       p = TrimLeft(p);
-      if (p.starts_with("msr_write")) r->write = 1;
-      else if (p.starts_with("msr_read")) r->write = 0;
-      else return false;
+      if (p.starts_with("msr_write"))
+        r->write = 1;
+      else if (p.starts_with("msr_read"))
+        r->write = 0;
+      else
+        return false;
       SV rest = p.substr(p.find(' ') == SV::npos ? p.size() : p.find(' '));
       if (!TakeNum(rest, &r->addr, 16)) return false;
       r->data = 0;
@@ -287,10 +302,14 @@ bool ParsePayload(KvmEventType t, SV p, const TextOptions& o, KvmRecord* r) noex
 
 std::string_view ToString(TextFlavor f) noexcept {
   switch (f) {
-    case TextFlavor::kTraceCmdReport: return "trace-cmd report";
-    case TextFlavor::kFtrace: return "ftrace";
-    case TextFlavor::kPerfScript: return "perf script";
-    case TextFlavor::kAuto: break;
+    case TextFlavor::kTraceCmdReport:
+      return "trace-cmd report";
+    case TextFlavor::kFtrace:
+      return "ftrace";
+    case TextFlavor::kPerfScript:
+      return "perf script";
+    case TextFlavor::kAuto:
+      break;
   }
   return "auto";
 }
@@ -418,13 +437,12 @@ TextLineKind ParseTraceLine(std::string_view line, const TextOptions& options, K
   return TextLineKind::kRecord;
 }
 
-Result<std::unique_ptr<TraceText>> TraceText::Open(const std::string& path,
-                                                   TextOptions options) {
+Result<std::unique_ptr<TraceText>> TraceText::Open(const std::string& path, TextOptions options) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     return Fail(ErrorCode::kIo, fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
   }
-  struct stat st{};
+  struct stat st {};
   if (::fstat(fd, &st) != 0) {
     const int e = errno;
     ::close(fd);

@@ -58,8 +58,7 @@ TextLineKind ParseTraceLine(std::string_view line, const TextOptions& options, K
 class TraceText {
  public:
   // Maps `path`; refuses a file that has no event line in its first 64 KiB of lines.
-  static Result<std::unique_ptr<TraceText>> Open(const std::string& path,
-                                                 TextOptions options = {});
+  static Result<std::unique_ptr<TraceText>> Open(const std::string& path, TextOptions options = {});
   // From text in memory (tests); `name` is used in messages.
   static Result<std::unique_ptr<TraceText>> FromString(std::string text, std::string name,
                                                        TextOptions options = {});

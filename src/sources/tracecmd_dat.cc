@@ -2,8 +2,8 @@
 
 #include <fcntl.h>
 #include <sched.h>
-#include <sys/stat.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <traceevent/event-parse.h>
 extern "C" {
 #include <traceevent/kbuffer.h>  // no extern "C" of its own
@@ -31,8 +31,8 @@ struct tracecmd_input* tracecmd_open(const char* file, int flags);
 void tracecmd_close(struct tracecmd_input* handle);
 struct tep_handle* tracecmd_get_tep(struct tracecmd_input* handle);
 int tracecmd_iterate_events(struct tracecmd_input* handle, cpu_set_t* cpus, int cpu_size,
-                            int (*callback)(struct tracecmd_input* handle,
-                                            struct tep_record*, int, void*),
+                            int (*callback)(struct tracecmd_input* handle, struct tep_record*, int,
+                                            void*),
                             void* callback_data);
 void tracecmd_set_loglevel(enum tep_loglevel level);
 struct tep_record* tracecmd_read_cpu_first(struct tracecmd_input* handle, int cpu);
@@ -115,9 +115,140 @@ int OnRecord(tracecmd_input*, tep_record* record, int cpu, void* data) {
   return 0;
 }
 
+// Walks a version 6 file's sections (trace-cmd.dat.v6(5)) up to the flyrecord CPU table and
+// checks every CPU's data lies inside the file, so a truncated or corrupt file is refused
+// with the offset where it breaks instead of being handed to libtracecmd (which crashes on
+// some of them: tracecmd_open on a v6 file cut inside its CPU data).
+class V6Walker {
+ public:
+  V6Walker(std::string_view data, std::string path) : d_(data), path_(std::move(path)) {}
+
+  Status Walk() {
+    pos_ = kMagic.size();
+    const size_t nul = d_.find('\0', pos_);
+    if (nul == std::string_view::npos) return Cut("version string");
+    pos_ = nul + 1;
+    uint64_t endian = 0, long_size = 0, page = 0;
+    if (!Num(1, &endian, "endianness") || !Num(1, &long_size, "long size") ||
+        !Num(4, &page, "page size")) {
+      return err_;
+    }
+    big_ = endian != 0;
+    for (std::string_view tag :
+         {std::string_view("header_page"), std::string_view("header_event")}) {
+      if (!Tag(tag)) return err_;
+      if (!Blob(8, tag)) return err_;
+    }
+    uint64_t n = 0;
+    if (!Num(4, &n, "ftrace format count")) return err_;
+    for (uint64_t i = 0; i < n; ++i) {
+      if (!Blob(8, "ftrace event format")) return err_;
+    }
+    uint64_t systems = 0;
+    if (!Num(4, &systems, "event system count")) return err_;
+    for (uint64_t s = 0; s < systems; ++s) {
+      const size_t end = d_.find('\0', pos_);
+      if (end == std::string_view::npos) return Cut("event system name");
+      pos_ = end + 1;
+      if (!Num(4, &n, "event count")) return err_;
+      for (uint64_t i = 0; i < n; ++i) {
+        if (!Blob(8, "event format")) return err_;
+      }
+    }
+    if (!Blob(4, "kallsyms") || !Blob(4, "printk formats") || !Blob(8, "saved cmdlines")) {
+      return err_;
+    }
+    uint64_t cpus = 0;
+    if (!Num(4, &cpus, "CPU count")) return err_;
+    for (;;) {  // "options  \0" blocks, then "flyrecord\0" or "latency  \0"
+      if (pos_ + 10 > d_.size()) return Cut("section tag");
+      const std::string_view tag = d_.substr(pos_, 10);
+      if (tag == std::string_view("options  \0", 10)) {
+        pos_ += 10;
+        for (;;) {
+          uint64_t id = 0;
+          if (!Num(2, &id, "option id")) return err_;
+          if (id == 0) break;
+          if (!Blob(4, "option")) return err_;
+        }
+        continue;
+      }
+      if (tag == std::string_view("latency  \0", 10)) return {};
+      if (tag != std::string_view("flyrecord\0", 10)) {
+        return Fail(
+            ErrorCode::kCorrupt,
+            fmt::format("{}: offset {}: expected options or flyrecord section", path_, pos_));
+      }
+      pos_ += 10;
+      break;
+    }
+    for (uint64_t c = 0; c < cpus; ++c) {
+      uint64_t off = 0, size = 0;
+      if (!Num(8, &off, "CPU data offset") || !Num(8, &size, "CPU data size")) return err_;
+      if (off > d_.size() || size > d_.size() - off) {
+        return Fail(ErrorCode::kCorrupt,
+                    fmt::format("{}: offset {}: CPU {} data [{}, {}) extends past the end of "
+                                "the file (truncated)",
+                                path_, d_.size(), c, off, off + size));
+      }
+    }
+    return {};
+  }
+
+ private:
+  Status Cut(std::string_view what) {
+    return Fail(ErrorCode::kCorrupt,
+                fmt::format("{}: offset {}: file ends inside the {} (truncated)", path_,
+                            std::min(pos_, d_.size()), what));
+  }
+  bool Num(int bytes, uint64_t* v, std::string_view what) {
+    if (pos_ + static_cast<size_t>(bytes) > d_.size()) {
+      err_ = Cut(what);
+      return false;
+    }
+    uint64_t x = 0;
+    for (int i = 0; i < bytes; ++i) {
+      const uint64_t b = static_cast<uint8_t>(d_[pos_ + static_cast<size_t>(i)]);
+      x |= big_ ? b << (8 * (bytes - 1 - i)) : b << (8 * i);
+    }
+    pos_ += static_cast<size_t>(bytes);
+    *v = x;
+    return true;
+  }
+  bool Tag(std::string_view tag) {
+    if (d_.substr(pos_, tag.size() + 1) != std::string(tag) + '\0') {
+      err_ = pos_ + tag.size() + 1 > d_.size()
+                 ? Cut(tag)
+                 : Status(Fail(ErrorCode::kCorrupt,
+                               fmt::format("{}: offset {}: expected \"{}\"", path_, pos_, tag)));
+      return false;
+    }
+    pos_ += tag.size() + 1;
+    return true;
+  }
+  bool Blob(int len_bytes, std::string_view what) {
+    uint64_t len = 0;
+    if (!Num(len_bytes, &len, what)) return false;
+    if (len > d_.size() - pos_) {
+      err_ = Cut(what);
+      return false;
+    }
+    pos_ += len;
+    return true;
+  }
+
+  std::string_view d_;
+  std::string path_;
+  size_t pos_ = 0;
+  bool big_ = false;
+  Status err_;
+};
+
 }  // namespace
 
-bool LooksLikeTraceCmdDat(std::string_view head) noexcept { return head.starts_with(kMagic); }
+bool LooksLikeTraceCmdDat(std::string_view head) noexcept {
+  return head.starts_with(kMagic);
+}
 
 Result<std::unique_ptr<TraceCmdDat>> TraceCmdDat::Open(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -126,13 +257,13 @@ Result<std::unique_ptr<TraceCmdDat>> TraceCmdDat::Open(const std::string& path) 
   }
   char head[32] = {};
   const ssize_t n = ::pread(fd, head, sizeof(head), 0);
-  struct stat st{};
+  struct stat st {};
   ::fstat(fd, &st);
   ::close(fd);
   if (n < static_cast<ssize_t>(kMagic.size()) + 2) {
-    return Fail(ErrorCode::kCorrupt,
-                fmt::format("{}: offset {}: file ends inside the trace-cmd header", path,
-                            n < 0 ? 0 : n));
+    return Fail(
+        ErrorCode::kCorrupt,
+        fmt::format("{}: offset {}: file ends inside the trace-cmd header", path, n < 0 ? 0 : n));
   }
   if (!LooksLikeTraceCmdDat(std::string_view(head, static_cast<size_t>(n)))) {
     return Fail(ErrorCode::kCorrupt,
@@ -146,6 +277,23 @@ Result<std::unique_ptr<TraceCmdDat>> TraceCmdDat::Open(const std::string& path) 
                             path, kMagic.size(), std::string_view(&head[kMagic.size()], 1)));
   }
 
+  if (version == '6') {
+    const int vfd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (vfd >= 0 && st.st_size > 0) {
+      void* m = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, vfd, 0);
+      ::close(vfd);
+      if (m != MAP_FAILED) {
+        const Status walked =
+            V6Walker(std::string_view(static_cast<const char*>(m), static_cast<size_t>(st.st_size)),
+                     path)
+                .Walk();
+        ::munmap(m, static_cast<size_t>(st.st_size));
+        if (!walked) return std::unexpected(walked.error());
+      }
+    } else if (vfd >= 0) {
+      ::close(vfd);
+    }
+  }
   tracecmd_set_loglevel(TEP_LOG_NONE);
   tracecmd_input* h = tracecmd_open(path.c_str(), kTraceCmdNoPlugins);
   if (h == nullptr) {
@@ -190,7 +338,7 @@ bool TraceCmdDat::ReadMapped(KvmPairer* pairer, KvmTepDecoder* decoder, Status* 
   std::vector<Cpu> cpu(static_cast<size_t>(cpus_));
   const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return false;
-  struct stat st{};
+  struct stat st {};
   ::fstat(fd, &st);
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
   void* map = file_size ? ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
@@ -223,9 +371,9 @@ bool TraceCmdDat::ReadMapped(KvmPairer* pairer, KvmTepDecoder* decoder, Status* 
       ok = false;
       break;
     }
-    c.kbuf = kbuffer_alloc(KBUFFER_LSIZE_8,
-                           tep_is_file_bigendian(tracecmd_get_tep(handle_)) ? KBUFFER_ENDIAN_BIG
-                                                                            : KBUFFER_ENDIAN_LITTLE);
+    c.kbuf = kbuffer_alloc(KBUFFER_LSIZE_8, tep_is_file_bigendian(tracecmd_get_tep(handle_))
+                                                ? KBUFFER_ENDIAN_BIG
+                                                : KBUFFER_ENDIAN_LITTLE);
     c.next_page = c.begin;
     // First event of the first non-empty page must be libtracecmd's first record.
     while (c.data == nullptr && c.next_page < c.end) {
@@ -338,8 +486,8 @@ Status TraceCmdDat::CheckComplete(const KvmTepDecoder& decoder,
         return Fail(ErrorCode::kCorrupt,
                     fmt::format("{}: offset {}: CPU {} data ends after {} of {} records "
                                 "(truncated or corrupt file)",
-                                path_, c < last_offset.size() ? last_offset[c] : 0, c,
-                                per_cpu[c], stats[c].read_events));
+                                path_, c < last_offset.size() ? last_offset[c] : 0, c, per_cpu[c],
+                                stats[c].read_events));
       }
     }
   }

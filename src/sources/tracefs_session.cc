@@ -93,8 +93,12 @@ std::string RestoreValue(const std::string& rel, const std::string& content) {
     return v;
   }
   if (rel.ends_with("buffer_size_kb")) {
-    // "7 (expanded: 1408)": an unexpanded top-level buffer; expansion cannot be undone, the
-    // size can.
+    // "7 (expanded: 1408)": a top-level buffer never used yet. Enabling an event expands it
+    // to 1408, which cannot be undone; writing 7 would shrink the live buffer to 7 KiB, so
+    // the size it expands to is what comes back.
+    if (const size_t at = t.find("(expanded: "); at != std::string::npos) {
+      return std::to_string(std::strtoull(t.c_str() + at + 11, nullptr, 10));
+    }
     return t.substr(0, t.find(' '));
   }
   if (rel.ends_with("/enable")) return t.substr(0, 1);  // "1*" (soft mode) -> "1"

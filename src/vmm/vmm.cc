@@ -235,7 +235,7 @@ Status Vmm::Setup() {
   nvme_ = std::make_unique<NvmeBlock>(&mem_, std::move(bo));
   unassigned_ = std::make_unique<UnassignedLog>([this](std::string_view l) { Log(l); });
   dump_path_ =
-      cfg_.dump_path.empty() ? "exitscope-" + std::to_string(getpid()) + ".esdump" : cfg_.dump_path;
+      cfg_.dump_path.empty() ? "exitscope-" + std::to_string(getpid()) + ".esd" : cfg_.dump_path;
   // The loop's view of the VM.
   env_.bus = &bus_;
   env_.devices.assign(bus_.device_count(), nullptr);
@@ -322,7 +322,8 @@ Result<VmmResult> Vmm::Run() {
     auto v = vm_->CreateVcpu(i);
     if (!v) return std::unexpected(v.error());
     KvmVcpu& vcpu = **v;
-    if (auto st = vcpu.SetCpuid(kvm_->supported_cpuid()); !st) return std::unexpected(st.error());
+    if (auto st = vcpu.SetCpuid(kvm_->supported_cpuid()); !st && i == 0)
+      Log("exitscope run: " + st.error().message + "; running with KVM's default CPUID");
     auto sregs = vcpu.GetSregs();
     if (!sregs) return std::unexpected(sregs.error());
     x86::SetUser64Sregs(i, &*sregs);

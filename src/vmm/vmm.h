@@ -51,13 +51,13 @@ struct VmmConfig {
   uint64_t io_age_ms = 20000;  // watchdog: I/O in flight this long
   bool record = true;
   uint64_t events_per_vcpu = 1 << 16;
-  std::string dump_path;    // "" = exitscope-<pid>.esdump in the cwd
+  std::string dump_path;    // "" = exitscope-<pid>.esd in the cwd
   bool write_dump = true;   // at the end and on a fatal guest error
   bool dump_signal = true;  // SIGUSR1 -> dump into dump_signal_dir
   std::string dump_signal_dir = ".";
   double duration_s = 0;  // stop after this long (0 = when the guest ends)
   uint32_t backend_workers = 2;
-  uint32_t backend_depth = 4;
+  uint32_t backend_depth = 1;  // 1: a doorbell waits while the backend holds an I/O
   uint32_t halt_tick_us = 1000;
   std::string kvm_path = "/dev/kvm";
   std::function<void(std::string_view)> log;  // one line, no newline; default stderr

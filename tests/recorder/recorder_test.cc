@@ -99,6 +99,37 @@ TEST(RecorderTest, RecordsResolvedExits) {
   EXPECT_EQ(r.ring_counters(1).written, 4u);
 }
 
+// Exits are resolved off the hot path against the address space as it was when they
+// happened: a range removed or moved afterwards does not change what an exit touched.
+TEST(RecorderTest, ResolvesAgainstTheAddressSpaceOfTheExit) {
+  Fixture f;
+  Recorder& r = *f.rec;
+  r.BeginExit(0, ExitKind::kMmio, 0xfebf1008, 4, AccessDir::kWrite, 1);
+  r.EndExit(0);
+  ASSERT_TRUE(r.address_space().MoveRange(IoSpace::kMmio, 0xfebf0000, 0xfe000000).has_value());
+  r.BeginExit(0, ExitKind::kMmio, 0xfebf1008, 4, AccessDir::kWrite, 1);  // now unassigned
+  r.EndExit(0);
+  r.BeginExit(0, ExitKind::kMmio, 0xfe00001c, 4, AccessDir::kRead);  // CSTS at the new base
+  r.EndExit(0);
+
+  std::vector<ExitRecord> raw;
+  r.flight_recorder().ring(0).Snapshot(&raw);
+  ASSERT_EQ(raw.size(), 3u);
+  EXPECT_NE(raw[0].flags & kExitFlagUnresolved, 0);  // rings hold the generation, not names
+  r.Resolve(&raw[0]);
+  EXPECT_EQ(raw[0].device, f.nvme);
+  EXPECT_EQ(raw[0].flags & kExitFlagUnresolved, 0);
+
+  const Dump d = r.Snapshot();
+  const auto& ex = d.vcpus[0].exits;
+  ASSERT_EQ(ex.size(), 3u);
+  EXPECT_EQ(ex[0].device, f.nvme);
+  EXPECT_EQ(ex[1].device, kUnassigned);
+  EXPECT_EQ(ex[2].device, f.nvme);
+  EXPECT_EQ(d.RegisterName(ex[2]), "CSTS");
+  for (const DumpExit& e : ex) EXPECT_EQ(e.flags & kExitFlagUnresolved, 0);
+}
+
 TEST(RecorderTest, CountsMisuse) {
   Fixture f;
   Recorder& r = *f.rec;

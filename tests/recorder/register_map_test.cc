@@ -144,6 +144,16 @@ TEST(RegisterMapTest, ErrorsNameFileAndLine) {
   ExpectParseError("", "bad.map:1: no 'map NAME' line");
   ExpectParseError("map d\nmap e\n", "bad.map:2: second 'map' directive");
   ExpectParseError(std::string_view("map d\nreg A\0 0 4 R\n", 19), "bad.map:2: control character");
+  ExpectParseError(
+      "map d\narray A{} 0 4 RW count=4 stride=8\narray B{} 0x1a 4 RW count=4 stride=8\n",
+      "bad.map:3: register B{} at 0x1a overlaps A{}");
+  ExpectParseError(
+      "map d\narray A{} 0 4 RW count=4 stride=8\narray B{} 0x6 4 RW count=4 stride=8\n",
+      "overlaps");  // B's elements straddle into A's next element
+  EXPECT_TRUE(RegisterMap::Parse("map d\narray A{} 0 4 RW count=4 stride=8\n"
+                                 "array B{} 0x4 4 RW count=4 stride=8\n",
+                                 "ok")
+                  .has_value());
   // Same offset is fine when directions differ or one is an alias.
   EXPECT_TRUE(RegisterMap::Parse("map d\nreg A 0 4 R\nreg B 0 4 W\nreg C 0 4 RW alias\n", "ok")
                   .has_value());

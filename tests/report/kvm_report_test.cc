@@ -26,7 +26,8 @@ std::unique_ptr<KvmAggregator> Sample(KvmAnalysisOptions o = {}) {
   auto agg = std::make_unique<KvmAggregator>(std::move(o));
   // FACTS.md's perf example rows, reproduced with round numbers.
   for (int i = 0; i < 354; ++i) agg->OnExit(Exit("HC_WRMSR", 280 + static_cast<uint64_t>(i)));
-  for (int i = 0; i < 155; ++i) agg->OnExit(Exit("HC_IRQ_HALT", 16660 + 1000 * static_cast<uint64_t>(i)));
+  for (int i = 0; i < 155; ++i)
+    agg->OnExit(Exit("HC_IRQ_HALT", 16660 + 1000 * static_cast<uint64_t>(i)));
   agg->Finish();
   return agg;
 }
@@ -36,8 +37,8 @@ TEST(KvmReport, TableHasPerfLayoutHeaderAndFooter) {
   sources::KvmPairingStats stats;
   stats.records_total = 1000;
   stats.exits = 509;
-  KvmReportContext ctx{.input = "x.dat", .format = "trace-cmd .dat", .clock = "local",
-                       .pairing = &stats};
+  KvmReportContext ctx{
+      .input = "x.dat", .format = "trace-cmd .dat", .clock = "local", .pairing = &stats};
   const std::string t = RenderKvmTable(agg->analysis(), ctx, {});
   EXPECT_NE(t.find("Analyze events for all VMs, all VCPUs:\n"), std::string::npos) << t;
   // perf: "%20s %10s %9s %9s %11s %11s %16s".
@@ -71,9 +72,9 @@ TEST(KvmReport, TableHasPerfLayoutHeaderAndFooter) {
 TEST(KvmReport, PercentilesHistogramAndScopes) {
   auto agg = Sample({.per_vcpu = true, .per_vm = true});
   KvmReportContext ctx{.input = "x", .pid = -1, .vcpu = -1};
-  const std::string t = RenderKvmTable(
-      agg->analysis(), ctx,
-      {.percentiles = true, .histogram = true, .per_vm = true, .per_vcpu = true});
+  const std::string t =
+      RenderKvmTable(agg->analysis(), ctx,
+                     {.percentiles = true, .histogram = true, .per_vm = true, .per_vcpu = true});
   EXPECT_NE(t.find("p99.9"), std::string::npos);
   EXPECT_NE(t.find("Analyze events for VM 16330, all VCPUs:"), std::string::npos) << t;
   EXPECT_NE(t.find("Analyze events for VM 16330, VCPU 0:"), std::string::npos) << t;
@@ -110,8 +111,12 @@ TEST(KvmReport, JsonIsStableAndComplete) {
   stats.records[static_cast<size_t>(sources::KvmEventType::kUserspaceExit)] = 7;
   stats.unpaired_exits = 2;
   std::vector<KvmSlowExit> slow = {{.start_ns = 5, .duration_ns = 9, .reason = "HC_IRQ_HALT"}};
-  KvmReportContext ctx{.input = "x.dat", .format = "trace-cmd .dat", .clock = "x86-tsc",
-                       .tsc_khz = 2596000, .pairing = &stats, .slow_exits = &slow};
+  KvmReportContext ctx{.input = "x.dat",
+                       .format = "trace-cmd .dat",
+                       .clock = "x86-tsc",
+                       .tsc_khz = 2596000,
+                       .pairing = &stats,
+                       .slow_exits = &slow};
   const auto j = nlohmann::json::parse(RenderKvmJson(agg->analysis(), ctx, {.histogram = true}));
   EXPECT_EQ(j["schema"], 1);
   EXPECT_EQ(j["event"], "vmexit");

@@ -83,8 +83,8 @@ TEST_F(KvmDecodeTest, VmxNamesMatchTheKernelPrintFmt) {
 }
 
 TEST_F(KvmDecodeTest, SvmNamesMatchTheKernelPrintFmt) {
-  const uint32_t codes[] = {0x000, 0x027, 0x04e, 0x060, 0x072, 0x078, 0x07b, 0x07c, 0x081,
-                            0x400, 0x403, 0x80000010, 0x8000fffd};
+  const uint32_t codes[] = {0x000, 0x027, 0x04e, 0x060, 0x072,      0x078,     0x07b,
+                            0x07c, 0x081, 0x400, 0x403, 0x80000010, 0x8000fffd};
   for (uint32_t code : codes) {
     const KvmRecord r = Exit(code, 2);
     const ExitReason d = DecodeExitReason(r.exit_reason, r.isa, r.info2);
@@ -113,10 +113,9 @@ TEST_F(KvmDecodeTest, VmxFailedVmentryFlag) {
 }
 
 TEST_F(KvmDecodeTest, PvmHcReasonsEncoding) {
-  const char* expected[] = {"HC_IRQ_WIN",  "HC_IRQ_HALT",          "HC_LOAD_PGTBL",
-                            "HC_TLB_FLUSH", "HC_TLB_FLUSH_CURRENT", "HC_TLB_INVLPG",
-                            "HC_LOAD_GS",  "HC_RDMSR",             "HC_WRMSR",
-                            "HC_LOAD_TLS"};
+  const char* expected[] = {
+      "HC_IRQ_WIN",    "HC_IRQ_HALT", "HC_LOAD_PGTBL", "HC_TLB_FLUSH", "HC_TLB_FLUSH_CURRENT",
+      "HC_TLB_INVLPG", "HC_LOAD_GS",  "HC_RDMSR",      "HC_WRMSR",     "HC_LOAD_TLS"};
   for (uint32_t n = 1; n <= 10; ++n) {
     const KvmRecord r = Exit(0x20000 + n, 3);
     const ExitReason d = DecodeExitReason(r.exit_reason, r.isa, r.info2);
@@ -129,10 +128,9 @@ TEST_F(KvmDecodeTest, PvmHcReasonsEncoding) {
 TEST_F(KvmDecodeTest, PvmHypercallNumberInInfo2UsesItsOwnOrder) {
   // PVM_HC_SPECIAL_BASE + n: LOAD_PGTBL 0, IRQ_WIN 1, IRQ_HALT 2, TLB_FLUSH 3,
   // TLB_FLUSH_CURRENT 4, TLB_INVLPG 5, LOAD_GS 6, RDMSR 7, WRMSR 8, LOAD_TLS 9.
-  const char* expected[] = {"HC_LOAD_PGTBL", "HC_IRQ_WIN",    "HC_IRQ_HALT",
-                            "HC_TLB_FLUSH",  "HC_TLB_FLUSH_CURRENT", "HC_TLB_INVLPG",
-                            "HC_LOAD_GS",    "HC_RDMSR",      "HC_WRMSR",
-                            "HC_LOAD_TLS"};
+  const char* expected[] = {
+      "HC_LOAD_PGTBL", "HC_IRQ_WIN", "HC_IRQ_HALT", "HC_TLB_FLUSH", "HC_TLB_FLUSH_CURRENT",
+      "HC_TLB_INVLPG", "HC_LOAD_GS", "HC_RDMSR",    "HC_WRMSR",     "HC_LOAD_TLS"};
   for (uint64_t n = 0; n < 10; ++n) {
     const KvmRecord r = Exit(0x20000, 3, 0, 0x17088200 + n);
     const ExitReason d = DecodeExitReason(r.exit_reason, r.isa, r.info2);
@@ -193,8 +191,8 @@ TEST_F(KvmDecodeTest, OtherEventsDecode) {
   EXPECT_EQ(r.size, 1u);
   EXPECT_EQ(r.data, 0x41u);
 
-  auto mmio = formats_.Build("kvm_mmio", 10,
-                             {{"type", 0}, {"len", 4}, {"gpa", 0xfebf0014}, {"val", 0}});
+  auto mmio =
+      formats_.Build("kvm_mmio", 10, {{"type", 0}, {"len", 4}, {"gpa", 0xfebf0014}, {"val", 0}});
   tr = RealKvmFormats::Record(mmio, 6);
   ASSERT_TRUE(dec.Decode(&tr, 0, &r));
   EXPECT_EQ(r.type, KvmEventType::kMmio);
@@ -277,8 +275,8 @@ TEST_F(KvmDecodeTest, DecodedVmxRecordsPair) {
   KvmTepDecoder dec(formats_.tep());
   KvmRecord r;
   // VMX IO_INSTRUCTION, qualification: port 0x3f8 (bits 31:16), OUT (bit 3 = 0), size 1.
-  auto exit = formats_.Build("kvm_exit", 77,
-                             {{"exit_reason", 30}, {"isa", 1}, {"info1", 0x3f80000}, {"vcpu_id", 1}});
+  auto exit = formats_.Build(
+      "kvm_exit", 77, {{"exit_reason", 30}, {"isa", 1}, {"info1", 0x3f80000}, {"vcpu_id", 1}});
   auto pio = formats_.Build("kvm_pio", 77, {{"rw", 1}, {"port", 0x3f8}, {"size", 1}, {"count", 1}});
   auto entry = formats_.Build("kvm_entry", 77, {{"vcpu_id", 1}});
   for (auto [data, ts] : {std::pair{&exit, 100ull}, {&pio, 150ull}, {&entry, 1100ull}}) {

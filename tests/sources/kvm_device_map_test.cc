@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -28,25 +30,28 @@ TEST(KvmDeviceMap, ParsesAndResolvesPortsAndRegisters) {
   ASSERT_TRUE(m.has_value()) << m.error().message;
   EXPECT_EQ((*m)->device_count(), 3u);
   std::string_view dev, reg;
-  ASSERT_TRUE((*m)->Resolve(SubKeyKind::kPort, 0x3f8, 1, &dev, &reg));
+  ASSERT_TRUE((*m)->Resolve(SubKeyKind::kPort, 0x3f8, 1, Direction::kWrite, &dev, &reg));
   EXPECT_EQ(dev, "com1");
-  EXPECT_FALSE(reg.empty());
-  ASSERT_TRUE((*m)->Resolve(SubKeyKind::kPort, 0x3fd, 1, &dev, &reg));
+  EXPECT_EQ(reg, "THR");
+  ASSERT_TRUE((*m)->Resolve(SubKeyKind::kPort, 0x3f8, 1, Direction::kRead, &dev, &reg));
+  EXPECT_EQ(reg, "RBR");
+  ASSERT_TRUE((*m)->Resolve(SubKeyKind::kPort, 0x3fd, 1, Direction::kNone, &dev, &reg));
   EXPECT_EQ(reg, "LSR");
-  ASSERT_TRUE((*m)->Resolve(SubKeyKind::kMmio, 0xfebf1008, 4, &dev, &reg));
+  ASSERT_TRUE((*m)->Resolve(SubKeyKind::kMmio, 0xfebf1008, 4, Direction::kNone, &dev, &reg));
   EXPECT_EQ(dev, "nvme0");
   EXPECT_EQ(reg, "SQ1TDBL");
-  ASSERT_TRUE((*m)->Resolve(SubKeyKind::kMmio, 0xfebf8004, 4, &dev, &reg));
+  ASSERT_TRUE((*m)->Resolve(SubKeyKind::kMmio, 0xfebf8004, 4, Direction::kNone, &dev, &reg));
   EXPECT_EQ(dev, "nvme0");
   EXPECT_EQ(reg, "");
-  ASSERT_TRUE((*m)->Resolve(SubKeyKind::kPort, 0xe9, 1, &dev, &reg));
+  ASSERT_TRUE((*m)->Resolve(SubKeyKind::kPort, 0xe9, 1, Direction::kNone, &dev, &reg));
   EXPECT_EQ(dev, "dbg");
-  EXPECT_FALSE((*m)->Resolve(SubKeyKind::kPort, 0x80, 1, &dev, &reg));
-  EXPECT_FALSE((*m)->Resolve(SubKeyKind::kMmio, 0x3f8, 1, &dev, &reg));  // other space
+  EXPECT_FALSE((*m)->Resolve(SubKeyKind::kPort, 0x80, 1, Direction::kNone, &dev, &reg));
+  EXPECT_FALSE(
+      (*m)->Resolve(SubKeyKind::kMmio, 0x3f8, 1, Direction::kNone, &dev, &reg));  // other space
   // A repeated lookup is served from the cache: the same bytes.
   std::string_view dev2, reg2, dev3, reg3;
-  (*m)->Resolve(SubKeyKind::kMmio, 0xfebf1008, 4, &dev2, &reg2);
-  (*m)->Resolve(SubKeyKind::kMmio, 0xfebf1008, 4, &dev3, &reg3);
+  (*m)->Resolve(SubKeyKind::kMmio, 0xfebf1008, 4, Direction::kNone, &dev2, &reg2);
+  (*m)->Resolve(SubKeyKind::kMmio, 0xfebf1008, 4, Direction::kNone, &dev3, &reg3);
   EXPECT_EQ(reg2, "SQ1TDBL");
   EXPECT_EQ(reg2.data(), reg3.data());
 }
@@ -76,30 +81,35 @@ TEST(KvmDeviceMap, LoadsFromARecorderDump) {
   auto uart = RegisterMap::Builtin("uart16550");
   ASSERT_TRUE(uart.has_value());
   ASSERT_TRUE((*rec)->address_space().AddRange(IoSpace::kPio, 0x3f8, 8, *com1, *uart).has_value());
-  const std::string path = ::testing::TempDir() + "/kvm_device_map_test.dump";
+  const std::string path =
+      ::testing::TempDir() + "/kvm_device_map_test." + std::to_string(::getpid()) + ".dump";
   const Status written = (*rec)->WriteDump(path);
   ASSERT_TRUE(written.has_value()) << written.error().message;
   auto m = KvmDeviceMap::Load(path);
+  std::filesystem::remove(path);
   ASSERT_TRUE(m.has_value()) << m.error().message;
   std::string_view dev, reg;
-  ASSERT_TRUE((*m)->Resolve(SubKeyKind::kPort, 0x3fd, 1, &dev, &reg));
+  ASSERT_TRUE((*m)->Resolve(SubKeyKind::kPort, 0x3fd, 1, Direction::kNone, &dev, &reg));
   EXPECT_EQ(dev, "com1");
   EXPECT_EQ(reg, "LSR");
-  EXPECT_FALSE((*m)->Resolve(SubKeyKind::kPort, 0x400, 1, &dev, &reg));
+  EXPECT_FALSE((*m)->Resolve(SubKeyKind::kPort, 0x400, 1, Direction::kNone, &dev, &reg));
 }
 
 TEST(KvmDeviceMap, NamesTheCapturePortsThroughThePairer) {
   const std::string dat = std::string(EXITSCOPE_TESTDATA_DIR) + "/kvm/pvm-user64-pio-mmio-hlt.dat";
   if (!std::filesystem::exists(dat)) GTEST_SKIP() << "capture not found: " << dat;
-  auto m = KvmDeviceMap::Parse("com1 uart16550 pio 0x3f8 8 uart16550\n"
-                               "doorbell mmio-doorbell mmio 0xd0000 0x1000\n",
-                               "capture.map");
+  auto m = KvmDeviceMap::Parse(
+      "com1 uart16550 pio 0x3f8 8 uart16550\n"
+      "doorbell mmio-doorbell mmio 0xd0000 0x1000\n",
+      "capture.map");
   ASSERT_TRUE(m.has_value()) << m.error().message;
   struct Sink : EventSink {
     uint64_t com1 = 0, doorbell = 0, unresolved = 0;
     void OnExit(const ExitEvent& e) override {
-      if (e.device == "com1") ++com1;
-      else if (e.device == "doorbell") ++doorbell;
+      if (e.device == "com1")
+        ++com1;
+      else if (e.device == "doorbell")
+        ++doorbell;
       else if (e.subkey_kind == SubKeyKind::kPort || e.subkey_kind == SubKeyKind::kMmio)
         ++unresolved;
     }
@@ -108,9 +118,9 @@ TEST(KvmDeviceMap, NamesTheCapturePortsThroughThePairer) {
   auto in = TraceCmdDat::Open(dat);
   ASSERT_TRUE(in.has_value());
   ASSERT_TRUE((*in)->ReadAll(&pairer).has_value());
-  EXPECT_EQ(sink.com1, 3000u);      // 3001 kvm_pio on 0x3f8, the last exit never ended
+  EXPECT_EQ(sink.com1, 3000u);  // 3001 kvm_pio on 0x3f8, the last exit never ended
   EXPECT_EQ(sink.doorbell, 3000u);
-  EXPECT_EQ(sink.unresolved, 2u);   // the debug port 0xe9
+  EXPECT_EQ(sink.unresolved, 2u);  // the debug port 0xe9
 }
 
 }  // namespace

@@ -152,7 +152,7 @@ TEST(KvmPairing, ReadCompletionAfterReentryAttachesToItsExit) {
 TEST(KvmPairing, KernelExitPairsWithNextEntryAndTakesChildren) {
   Sink sink;
   KvmPairer p({}, &sink);
-  p.Feed(Entry(0, 2));  // first entry: no exit before it
+  p.Feed(Entry(0, 2));          // first entry: no exit before it
   p.Feed(Exit(48, 1, 100, 2));  // EPT_VIOLATION
   p.Feed(Mmio(kKvmMmioWrite, 0xfebf1008, 150, 3));
   p.Feed(UserExit(6, 160));
@@ -256,7 +256,7 @@ TEST(KvmPairing, ClockScaleConvertsTscCycles) {
 
 TEST(KvmPairing, DeviceResolverNamesPortAndRegister) {
   struct Resolver : KvmDeviceResolver {
-    bool Resolve(SubKeyKind kind, uint64_t addr, uint32_t, std::string_view* dev,
+    bool Resolve(SubKeyKind kind, uint64_t addr, uint32_t, Direction, std::string_view* dev,
                  std::string_view* reg) const override {
       if (kind != SubKeyKind::kPort || addr < 0x3f8 || addr >= 0x400) return false;
       *dev = "com1";

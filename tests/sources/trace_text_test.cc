@@ -37,16 +37,18 @@ TEST(TraceText, TraceCmdReportLinesFromTheCapture) {
   EXPECT_EQ(p.rec.ts, 4396959646611u);
   EXPECT_EQ(p.rec.reason, 2u);
 
-  p = Parse("            pvmx-16330 [000]4396959623471: kvm_pio:              pio_write at 0x3f8 "
-            "size 1 count 1 val 0x0 ");
+  p = Parse(
+      "            pvmx-16330 [000]4396959623471: kvm_pio:              pio_write at 0x3f8 "
+      "size 1 count 1 val 0x0 ");
   ASSERT_EQ(p.kind, TextLineKind::kRecord);
   EXPECT_EQ(p.rec.type, KvmEventType::kPio);
   EXPECT_EQ(p.rec.addr, 0x3f8u);
   EXPECT_EQ(p.rec.write, 1u);
   EXPECT_EQ(p.rec.size, 1u);
 
-  p = Parse("            pvmx-16332 [000]4397200537326: kvm_mmio:             mmio write len 4 "
-            "gpa 0xd0000 val 0x0");
+  p = Parse(
+      "            pvmx-16332 [000]4397200537326: kvm_mmio:             mmio write len 4 "
+      "gpa 0xd0000 val 0x0");
   ASSERT_EQ(p.kind, TextLineKind::kRecord);
   EXPECT_EQ(p.rec.type, KvmEventType::kMmio);
   EXPECT_EQ(p.rec.mmio_type, kKvmMmioWrite);
@@ -59,14 +61,16 @@ TEST(TraceText, TraceCmdReportLinesFromTheCapture) {
   ASSERT_EQ(p.rec.insn_len, 1);
   EXPECT_EQ(p.rec.insn[0], 0xee);
 
-  p = Parse("            pvmx-16330 [000]4397190021210: kvm_inj_exception:    [FAILED TO PARSE] "
-            "exception=13 has_error=1 error_code=0 reinjected=0");
+  p = Parse(
+      "            pvmx-16330 [000]4397190021210: kvm_inj_exception:    [FAILED TO PARSE] "
+      "exception=13 has_error=1 error_code=0 reinjected=0");
   ASSERT_EQ(p.kind, TextLineKind::kRecord);
   EXPECT_EQ(p.rec.exception, 13);
   EXPECT_EQ(p.rec.has_error, 1);
 
-  p = Parse("       kdamond.0-78    [001]4397278666884: kvm_age_hva:          mmu notifier age "
-            "hva: 0x007f78dfd07000 -- 0x007f78dfd08000");
+  p = Parse(
+      "       kdamond.0-78    [001]4397278666884: kvm_age_hva:          mmu notifier age "
+      "hva: 0x007f78dfd07000 -- 0x007f78dfd08000");
   ASSERT_EQ(p.kind, TextLineKind::kRecord);
   EXPECT_EQ(p.rec.type, KvmEventType::kOther);
   EXPECT_EQ(p.rec.tid, 78);
@@ -78,8 +82,7 @@ TEST(TraceText, TraceCmdReportLinesFromTheCapture) {
 }
 
 TEST(TraceText, FtraceLinesWithFlagsTgidAndDecimalSeconds) {
-  Parsed p = Parse(
-      "       CPU 0/KVM-4711    (   4700) [002] d..1.  1234.567890: kvm_fpu: load");
+  Parsed p = Parse("       CPU 0/KVM-4711    (   4700) [002] d..1.  1234.567890: kvm_fpu: load");
   ASSERT_EQ(p.kind, TextLineKind::kRecord);
   EXPECT_EQ(p.flavor, TextFlavor::kFtrace);
   EXPECT_EQ(p.rec.tid, 4711);
@@ -89,8 +92,9 @@ TEST(TraceText, FtraceLinesWithFlagsTgidAndDecimalSeconds) {
   EXPECT_EQ(p.rec.type, KvmEventType::kFpu);
   EXPECT_EQ(p.rec.write, 1u);
 
-  p = Parse("  qemu-system-x86-4711 [002] .....  1234.567890123: kvm_entry: vcpu 3, rip 0x1000 "
-            "intr_info 0x00000000 error_code 0x00000000");
+  p = Parse(
+      "  qemu-system-x86-4711 [002] .....  1234.567890123: kvm_entry: vcpu 3, rip 0x1000 "
+      "intr_info 0x00000000 error_code 0x00000000");
   ASSERT_EQ(p.kind, TextLineKind::kRecord);
   EXPECT_EQ(p.rec.ts, 1234567890123u);
   EXPECT_EQ(p.rec.type, KvmEventType::kEntry);
@@ -114,8 +118,9 @@ TEST(TraceText, PerfScriptLines) {
   EXPECT_EQ(p.rec.guest_rip, 0xffffffff8106e5d4u);
   EXPECT_EQ(p.rec.vcpu_id, 0);
 
-  p = Parse("  qemu-system-x86  4700/4711 [002]  1154.938399: kvm:kvm_pio: pio_read at 0x3fd "
-            "size 1 count 1 val 0x60 ");
+  p = Parse(
+      "  qemu-system-x86  4700/4711 [002]  1154.938399: kvm:kvm_pio: pio_read at 0x3fd "
+      "size 1 count 1 val 0x60 ");
   ASSERT_EQ(p.kind, TextLineKind::kRecord);
   EXPECT_EQ(p.rec.tgid, 4700);
   EXPECT_EQ(p.rec.tid, 4711);
@@ -129,8 +134,9 @@ TEST(TraceText, PerfScriptLines) {
   EXPECT_EQ(p.rec.write, 1u);
   EXPECT_EQ(p.rec.data, 0x2a7c5f3e1u);
 
-  p = Parse("            qemu  4711 [000]  1154.938401: kvm:kvm_hypercall: nr 0x9 a0 0x1 a1 0x0 "
-            "a2 0x0 a3 0x0");
+  p = Parse(
+      "            qemu  4711 [000]  1154.938401: kvm:kvm_hypercall: nr 0x9 a0 0x1 a1 0x0 "
+      "a2 0x0 a3 0x0");
   ASSERT_EQ(p.kind, TextLineKind::kRecord);
   EXPECT_EQ(p.rec.addr, 9u);
 }

@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -186,8 +188,10 @@ TEST_F(CaptureTest, TextParserAgreesWithDatReader) {
   EXPECT_GT(from_dat.exits.size(), 6000u);
 }
 
-// The mapped-page reader and libtracecmd's iterator give the same records and exits.
-TEST_F(CaptureTest, MappedReaderAgreesWithLibtracecmdIterator) {
+// The capture is a version 7 file whose CPU data trace-cmd compressed: the mapped-page
+// reader must notice (its first records differ from libtracecmd's) and fall back, giving the
+// same records and exits as libtracecmd's iterator.
+TEST_F(CaptureTest, MappedReaderFallsBackOnCompressedData) {
   ExitList mapped, iterated;
   Observed mapped_records, iterated_records;
   for (bool allow : {true, false}) {
@@ -198,7 +202,7 @@ TEST_F(CaptureTest, MappedReaderAgreesWithLibtracecmdIterator) {
     p.SetRecordObserver(Observe, allow ? &mapped_records : &iterated_records);
     const Status s = (*dat)->ReadAll(&p);
     ASSERT_TRUE(s.has_value()) << s.error().message;
-    EXPECT_EQ((*dat)->used_mapped_reader(), allow);
+    EXPECT_FALSE((*dat)->used_mapped_reader());
   }
   EXPECT_EQ(mapped_records.events, iterated_records.events);
   EXPECT_EQ(mapped.exits, iterated.exits);
@@ -219,10 +223,16 @@ TEST_F(CaptureTest, KvmInputDetectsBothFormats) {
 class CorruptDatTest : public CaptureTest {
  protected:
   std::string Write(const std::string& name, const std::string& bytes) {
-    const std::string path = ::testing::TempDir() + "/" + name;
+    const std::string path =
+        ::testing::TempDir() + "/" + std::to_string(::getpid()) + "." + name;  // ctest -j
     std::ofstream(path, std::ios::binary) << bytes;
+    written_.push_back(path);
     return path;
   }
+  void TearDown() override {
+    for (const std::string& p : written_) std::filesystem::remove(p);
+  }
+  std::vector<std::string> written_;
   std::string Original() {
     std::ifstream f(kDat, std::ios::binary);
     std::stringstream ss;

@@ -170,9 +170,9 @@ TEST_F(TracefsCliTest, CtrlCStopsTheRecordingAndRestoresTracefs) {
 TEST_F(TracefsCliTest, LiveRunsRefreshesAndRestores) {
   Ran r = RunCmd({kBin, "kvm", "live", "-d", "0.3", "--stop-after", "1", "--format", "json"});
   ASSERT_EQ(r.status, 0) << r.err;
-  // One JSON document per refresh plus the final one.
+  // One JSON document per line: at least one refresh within the second, plus the final one.
   const size_t docs = Count(r.out, "\n");
-  EXPECT_GE(docs, 3u) << r.out;
+  EXPECT_GE(docs, 2u) << r.out;
   EXPECT_NE(r.out.find("\"schema\""), std::string::npos) << r.out.substr(0, 500);
   Ran t = RunCmd({kBin, "kvm", "live", "-d", "0.2", "--stop-after", "0.5", "--percentiles"});
   ASSERT_EQ(t.status, 0) << t.err;

@@ -202,6 +202,20 @@ TEST(TracefsSessionTest, TopLevelSessionRestoresItsSettings) {
   for (const std::string& d : before->Diff(*after))
     if (d.find("buffer_size_kb") == std::string::npos) diff.push_back(d);
   EXPECT_EQ(diff, std::vector<std::string>{});
+  // The size is the one the kernel expands to, never the "7" placeholder of an unused buffer.
+  auto find = [](const TracefsSettings& s, const std::string& rel) {
+    for (const auto& [r, c] : s.files())
+      if (r == rel) return c;
+    return std::string();
+  };
+  const std::string was = find(*before, "buffer_size_kb"), now = find(*after, "buffer_size_kb");
+  const size_t at = was.find("(expanded: ");
+  if (at == std::string::npos) {
+    EXPECT_EQ(now, was);
+  } else {
+    EXPECT_TRUE(now == was || now == was.substr(at + 11, was.find(')') - at - 11) + "\n")
+        << "'" << was << "' -> '" << now << "'";
+  }
 }
 
 TEST(TracefsSessionTest, SigintPathRestoresFromTheMainLoop) {

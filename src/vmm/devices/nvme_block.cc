@@ -222,7 +222,8 @@ void NvmeBlock::RingSq(uint16_t qid, uint32_t tail) {
       ios.push_back(req);
     }
   }
-  for (IoRequest& r : ios) Submit(std::move(r));
+  bool full_reported = false;  // one queue-full event per doorbell, not per command
+  for (IoRequest& r : ios) Submit(std::move(r), &full_reported);
 }
 
 void NvmeBlock::RingCq(uint16_t qid, uint32_t head) {
@@ -404,12 +405,14 @@ uint16_t NvmeBlock::PrepareIo(const Sqe& e, uint16_t sqid, IoRequest* req) {
   return kSuccess;
 }
 
-void NvmeBlock::Submit(IoRequest req) {
+void NvmeBlock::Submit(IoRequest req, bool* full_reported) {
   req.io_id = next_io_id_.fetch_add(1, std::memory_order_relaxed);
   std::unique_lock lock(bq_mu_);
   if (backend_.size() + in_service_ >= opts_.backend_depth) {
     queue_full_.fetch_add(1, std::memory_order_relaxed);
-    if (opts_.observer) opts_.observer->QueueFull(req.sqid, "backend queue full, doorbell waits");
+    if (opts_.observer && !*full_reported)
+      opts_.observer->QueueFull(req.sqid, "backend queue full, doorbell waits");
+    *full_reported = true;
     bq_room_.wait(lock,
                   [&] { return stopping_ || backend_.size() + in_service_ < opts_.backend_depth; });
   }

@@ -152,7 +152,7 @@ class NvmeBlock final : public Device {
   // Validates an I/O command into `req`; returns the status to complete with, 0 = submit.
   uint16_t PrepareIo(const Sqe& e, uint16_t sqid, IoRequest* req);
   bool MapPrps(uint64_t prp1, uint64_t prp2, uint32_t len, IoRequest* req);
-  void Submit(IoRequest req);
+  void Submit(IoRequest req, bool* full_reported);
   void Worker();
   void Complete(const IoRequest& req, uint16_t status, int err);
 

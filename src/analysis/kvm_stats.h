@@ -107,6 +107,8 @@ class KvmAggregator final : public EventSink {
   struct GroupIndex {
     KvmGroup* group = nullptr;
     std::unordered_map<Key, KvmRow*, KeyHash> rows;
+    KvmRow* last = nullptr;  // the row of the previous exit
+    Key last_key;
   };
   bool Classify(const ExitEvent& e, Key* key) const;
   std::string KeyText(const Key& key, const ExitEvent& e) const;

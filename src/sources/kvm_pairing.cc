@@ -76,10 +76,15 @@ KvmPairer::Thread& KvmPairer::ThreadOf(const KvmRecord& r) {
 
 uint32_t KvmPairer::VcpuOf(int32_t tid, const Thread& t) {
   if (t.vcpu >= 0) return static_cast<uint32_t>(t.vcpu);
-  if (auto it = vcpu_of_tid_.find(tid); it != vcpu_of_tid_.end()) return it->second;
+  if (t.vcpu_index >= 0) return static_cast<uint32_t>(t.vcpu_index);
+  if (auto it = vcpu_of_tid_.find(tid); it != vcpu_of_tid_.end()) {
+    t.vcpu_index = it->second;
+    return it->second;
+  }
   const int32_t vm = t.tgid >= 0 ? t.tgid : tid;
   const uint32_t v = next_vcpu_[vm]++;
   vcpu_of_tid_.emplace(tid, v);
+  t.vcpu_index = v;
   return v;
 }
 

@@ -137,6 +137,7 @@ class KvmPairer {
     uint32_t last_cpu = 0;
     int32_t tgid = -1;
     int64_t vcpu = -1;
+    mutable int64_t vcpu_index = -1;  // index by thread order, cached (see VcpuOf)
     uint64_t exit_ts = 0;
     ExitEvent ev;  // the exit being built
     bool ev_is_kernel = false;

@@ -21,7 +21,7 @@ struct Output {
   std::string out;
 };
 
-Output Run(const std::string& args) {
+Output RunExitscope(const std::string& args) {
   const std::string cmd = std::string(EXITSCOPE_BINARY_DIR) + "/exitscope " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
@@ -77,7 +77,7 @@ class InspectTest : public testing::Test {
 std::string* InspectTest::path_ = nullptr;
 
 TEST_F(InspectTest, TableNamesDevicesRegistersSlowExitsAndFindings) {
-  const Output o = Run("inspect " + *path_);
+  const Output o = RunExitscope("inspect " + *path_);
   ASSERT_EQ(o.status, 0) << o.out;
   EXPECT_NE(o.out.find("52 exits"), std::string::npos) << o.out;
   EXPECT_NE(o.out.find("uart0.THR write"), std::string::npos) << o.out;
@@ -92,14 +92,14 @@ TEST_F(InspectTest, TableNamesDevicesRegistersSlowExitsAndFindings) {
 }
 
 TEST_F(InspectTest, JsonIsParseableAndFiltered) {
-  const Output o = Run("inspect --format json --vcpu 0 " + *path_);
+  const Output o = RunExitscope("inspect --format json --vcpu 0 " + *path_);
   ASSERT_EQ(o.status, 0) << o.out;
   const auto j = nlohmann::json::parse(o.out);
   EXPECT_EQ(j["schema"], "exitscope.exit-health.v1");
   EXPECT_EQ(j["exits"], 51);
   EXPECT_EQ(j["by_vcpu"].size(), 1u);
   EXPECT_EQ(j["vcpu_counters"]["kvm.exits"], 1234);
-  const Output d = Run("inspect --format json --device nvme0 " + *path_);
+  const Output d = RunExitscope("inspect --format json --device nvme0 " + *path_);
   ASSERT_EQ(d.status, 0) << d.out;
   const auto jd = nlohmann::json::parse(d.out);
   EXPECT_EQ(jd["exits"], 1);
@@ -109,26 +109,36 @@ TEST_F(InspectTest, JsonIsParseableAndFiltered) {
 }
 
 TEST_F(InspectTest, BadInputGetsOneLineAndStatus2) {
-  Output o = Run("inspect --vcpu 9 " + *path_);
+  Output o = RunExitscope("inspect --vcpu 9 " + *path_);
   EXPECT_EQ(o.status, 2);
   EXPECT_NE(o.out.find("--vcpu 9: the dump has 2 vCPUs"), std::string::npos) << o.out;
-  o = Run("inspect --device nvme9 " + *path_);
+  o = RunExitscope("inspect --device nvme9 " + *path_);
   EXPECT_EQ(o.status, 2);
   EXPECT_NE(o.out.find("devices: uart0, nvme0"), std::string::npos) << o.out;
-  o = Run("inspect --format xml " + *path_);
+  o = RunExitscope("inspect --format xml " + *path_);
   EXPECT_EQ(o.status, 2) << o.out;
-  o = Run("inspect /nonexistent.esdump");
+  o = RunExitscope("inspect /nonexistent.esdump");
   EXPECT_EQ(o.status, 1) << o.out;
 
   std::ifstream in(*path_, std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const std::string cut = *path_ + ".cut";
   std::ofstream(cut, std::ios::binary).write(bytes.data(), bytes.size() - 100);
-  o = Run("inspect " + cut);
+  o = RunExitscope("inspect " + cut);
   EXPECT_EQ(o.status, 2) << o.out;
   EXPECT_NE(o.out.find(cut), std::string::npos) << o.out;
   EXPECT_EQ(std::count(o.out.begin(), o.out.end(), '\n'), 1) << o.out;
   std::remove(cut.c_str());
+}
+
+// The dump `make demo` shows without /dev/kvm must stay readable by this exitscope.
+TEST(InspectShipped, DemoFallbackDumpReads) {
+  const std::string path = std::string(EXITSCOPE_TESTDATA_DIR) + "/dumps/c-example.esdump";
+  const Output o = RunExitscope("inspect " + path);
+  ASSERT_EQ(o.status, 0) << o.out;
+  EXPECT_NE(o.out.find("c_example (no guest: simulated exit handlers)"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("nvme0.SQ1TDBL write"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("Watchdog findings: 3"), std::string::npos) << o.out;
 }
 
 }  // namespace

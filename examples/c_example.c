@@ -26,14 +26,13 @@ static void sleep_ms(long ms) {
   nanosleep(&ts, NULL);
 }
 
-#define CHECK(call)                                                            \
-  do {                                                                         \
-    es_status s_ = (call);                                                     \
-    if (s_ != ES_OK) {                                                         \
-      fprintf(stderr, "c_example: %s: %s (%s)\n", #call, es_last_error(),     \
-              es_status_name(s_));                                             \
-      return 1;                                                                \
-    }                                                                          \
+#define CHECK(call)                                                                            \
+  do {                                                                                         \
+    es_status s_ = (call);                                                                     \
+    if (s_ != ES_OK) {                                                                         \
+      fprintf(stderr, "c_example: %s: %s (%s)\n", #call, es_last_error(), es_status_name(s_)); \
+      return 1;                                                                                \
+    }                                                                                          \
   } while (0)
 
 int main(int argc, char** argv) {

@@ -53,11 +53,11 @@ inline constexpr uint32_t kNoRegister = 0xffffffffu;  // no register map / no re
 
 // ExitRecord::flags bits.
 enum ExitFlags : uint8_t {
-  kExitFlagValue = 1u << 0,    // `value` holds guest data (a write's data or a read's result)
-  kExitFlagSlow = 1u << 1,     // duration reached the SlowExitPolicy threshold
-  kExitFlagStalled = 1u << 2,  // the watchdog reported this exit while it was in progress
-  kExitFlagNoEnd = 1u << 3,    // BeginExit was followed by another BeginExit without EndExit
-                               // (duration is up to the next begin)
+  kExitFlagValue = 1u << 0,       // `value` holds guest data (a write's data or a read's result)
+  kExitFlagSlow = 1u << 1,        // duration reached the SlowExitPolicy threshold
+  kExitFlagStalled = 1u << 2,     // the watchdog reported this exit while it was in progress
+  kExitFlagNoEnd = 1u << 3,       // BeginExit was followed by another BeginExit without EndExit
+                                  // (duration is up to the next begin)
   kExitFlagUnresolved = 1u << 4,  // not yet resolved: `device` holds the address-space
                                   // generation of the access (Recorder::Resolve)
 };

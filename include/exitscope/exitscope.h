@@ -80,14 +80,14 @@ typedef enum es_space { ES_SPACE_MMIO = 0, ES_SPACE_PIO = 1 } es_space;
 
 /* Creation options. Initialise with es_options_init, then change what you need. */
 typedef struct es_options {
-  uint32_t num_vcpus;           /* default 1 */
-  uint64_t events_per_vcpu;     /* ring capacity per vCPU, default 4096 */
-  uint64_t device_events;       /* device-event ring capacity, default 4096 */
-  uint64_t slow_exit_ns;        /* slow-exit threshold, default 20 ms */
-  uint64_t stuck_exit_ns;       /* watchdog: vCPU inside one exit this long, default 20 ms */
-  uint64_t io_age_ns;           /* watchdog: I/O in flight this long, default 20 s */
-  int start_watchdog;           /* default 1 */
-  int log_slow_exits;           /* log one line per slow exit / finding, default 1 */
+  uint32_t num_vcpus;       /* default 1 */
+  uint64_t events_per_vcpu; /* ring capacity per vCPU, default 4096 */
+  uint64_t device_events;   /* device-event ring capacity, default 4096 */
+  uint64_t slow_exit_ns;    /* slow-exit threshold, default 20 ms */
+  uint64_t stuck_exit_ns;   /* watchdog: vCPU inside one exit this long, default 20 ms */
+  uint64_t io_age_ns;       /* watchdog: I/O in flight this long, default 20 s */
+  int start_watchdog;       /* default 1 */
+  int log_slow_exits;       /* log one line per slow exit / finding, default 1 */
 } es_options;
 
 /* A slow exit or a watchdog finding, passed to hooks. Strings valid during the call only. */
@@ -107,17 +107,17 @@ typedef struct es_finding {
   uint64_t addr;
   uint64_t duration_ns;
   uint64_t io_id;
-  const char* device;   /* "" when unassigned */
-  const char* reg;      /* "" when none */
-  const char* line;     /* the log line */
+  const char* device; /* "" when unassigned */
+  const char* reg;    /* "" when none */
+  const char* line;   /* the log line */
 } es_finding;
 
 typedef void (*es_finding_hook)(const es_finding* finding, void* user);
 
 typedef struct es_counters {
-  uint64_t exits_written;      /* records written into all vCPU rings */
-  uint64_t exits_overwritten;  /* oldest records overwritten (ring full) */
-  uint64_t exits_skipped;      /* torn records skipped by snapshots */
+  uint64_t exits_written;     /* records written into all vCPU rings */
+  uint64_t exits_overwritten; /* oldest records overwritten (ring full) */
+  uint64_t exits_skipped;     /* torn records skipped by snapshots */
   uint64_t device_events_written;
   uint64_t device_events_overwritten;
   uint64_t slow_exits;
@@ -146,8 +146,8 @@ ES_EXPORT es_status es_add_range_file(es_recorder* rec, es_space space, uint64_t
                                       uint64_t size, uint32_t device, const char* map_path);
 ES_EXPORT es_status es_remove_range(es_recorder* rec, es_space space, uint64_t base);
 /* Resolves an access to "device.REGISTER" (or "device+0xOFF", or "unassigned") into buf. */
-ES_EXPORT es_status es_resolve(const es_recorder* rec, es_space space, uint64_t addr,
-                               uint32_t size, es_dir dir, char* buf, size_t buf_len);
+ES_EXPORT es_status es_resolve(const es_recorder* rec, es_space space, uint64_t addr, uint32_t size,
+                               es_dir dir, char* buf, size_t buf_len);
 
 /* Hot path. `value` is the guest's data for writes; es_end_exit_value records the data
  * returned to the guest for reads. */
@@ -160,15 +160,13 @@ ES_EXPORT void es_end_exit_value(es_recorder* rec, uint32_t vcpu, uint64_t value
 ES_EXPORT void es_io_submit(es_recorder* rec, uint32_t device, uint64_t io_id);
 ES_EXPORT void es_io_complete(es_recorder* rec, uint32_t device, uint64_t io_id, int64_t status);
 ES_EXPORT void es_queue_full(es_recorder* rec, uint32_t device, uint64_t queue);
-ES_EXPORT void es_backend_error(es_recorder* rec, uint32_t device, int64_t error,
-                                const char* note);
+ES_EXPORT void es_backend_error(es_recorder* rec, uint32_t device, int64_t error, const char* note);
 ES_EXPORT void es_note(es_recorder* rec, uint32_t device, const char* text);
 
 /* Policy and watchdog. The hook runs on the vCPU thread (slow exits) or the watchdog thread. */
 ES_EXPORT es_status es_set_slow_exit_ns(es_recorder* rec, uint64_t threshold_ns);
 ES_EXPORT es_status es_set_finding_hook(es_recorder* rec, es_finding_hook hook, void* user);
-ES_EXPORT es_status es_watchdog_start(es_recorder* rec, uint64_t stuck_exit_ns,
-                                      uint64_t io_age_ns);
+ES_EXPORT es_status es_watchdog_start(es_recorder* rec, uint64_t stuck_exit_ns, uint64_t io_age_ns);
 ES_EXPORT void es_watchdog_stop(es_recorder* rec);
 
 /* Metadata carried in dumps. */
@@ -178,8 +176,7 @@ ES_EXPORT es_status es_set_vcpu_counter(es_recorder* rec, uint32_t vcpu, const c
 
 /* Dumps. include_guest_data != 0 writes the bytes guests wrote/read (off by default: dumps
  * travel in support bundles). */
-ES_EXPORT es_status es_write_dump(const es_recorder* rec, const char* path,
-                                  int include_guest_data);
+ES_EXPORT es_status es_write_dump(const es_recorder* rec, const char* path, int include_guest_data);
 ES_EXPORT es_status es_install_dump_signal(es_recorder* rec, int signo, const char* directory);
 ES_EXPORT es_status es_get_counters(const es_recorder* rec, es_counters* out);
 /* Validates a dump file: ES_OK, or ES_ECORRUPT / ES_EUNSUPPORTED / ES_EIO with a message. */

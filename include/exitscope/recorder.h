@@ -124,8 +124,8 @@ class Recorder {
     // instead of a search, and names stay right even if a range moves afterwards.
     const bool has_target = kind == ExitKind::kMmio || kind == ExitKind::kPio;
     const uint32_t device = has_target ? space_.generation() : kUnassigned;
-    const uint64_t flags = (dir == AccessDir::kWrite ? kExitFlagValue : 0) |
-                           (has_target ? kExitFlagUnresolved : 0);
+    const uint64_t flags =
+        (dir == AccessDir::kWrite ? kExitFlagValue : 0) | (has_target ? kExitFlagUnresolved : 0);
     if (__builtin_expect(v.cur[0].load(std::memory_order_relaxed) != 0, 0)) {
       BeginWithoutEnd(vcpu, now);
     }

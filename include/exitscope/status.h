@@ -16,10 +16,10 @@ enum class ErrorCode : int {
   kInvalidArgument = 1,  // bad parameter or bad input (maps to CLI exit status 2)
   kAlreadyExists = 2,    // e.g. overlapping registration
   kNotFound = 3,
-  kCorrupt = 4,          // malformed or truncated input file
-  kUnsupported = 5,      // e.g. a dump from a future format version
-  kIo = 6,               // open/read/write failure (errno in the message)
-  kUnavailable = 7,      // a kernel facility missing here (/dev/kvm, tracefs)
+  kCorrupt = 4,      // malformed or truncated input file
+  kUnsupported = 5,  // e.g. a dump from a future format version
+  kIo = 6,           // open/read/write failure (errno in the message)
+  kUnavailable = 7,  // a kernel facility missing here (/dev/kvm, tracefs)
   kPermission = 8,
   kInternal = 9,
 };

@@ -40,7 +40,9 @@ class Grouper {
   std::map<std::string, std::unique_ptr<LatencyStats>> groups_;
 };
 
-bool HasTarget(const DumpExit& e) { return e.kind == ExitKind::kMmio || e.kind == ExitKind::kPio; }
+bool HasTarget(const DumpExit& e) {
+  return e.kind == ExitKind::kMmio || e.kind == ExitKind::kPio;
+}
 
 }  // namespace
 
@@ -104,13 +106,11 @@ ExitSummary Summarize(const Dump& dump, const SummaryFilter& filter) {
       if (HasTarget(e)) {
         devices[e.device == kUnassigned ? "unassigned" : dump.DeviceName(e.device)].Add(
             e.duration_ns);
-        const uint64_t ck = (e.addr << 8) ^ (uint64_t{e.size} << 2) ^
-                            static_cast<uint64_t>(e.dir) ^ (uint64_t{e.device} << 40) ^
-                            (static_cast<uint64_t>(e.kind) << 60);
+        const uint64_t ck = (e.addr << 8) ^ (uint64_t{e.size} << 2) ^ static_cast<uint64_t>(e.dir) ^
+                            (uint64_t{e.device} << 40) ^ (static_cast<uint64_t>(e.kind) << 60);
         auto it = reg_keys.find(ck);
         if (it == reg_keys.end()) {
-          it = reg_keys.emplace(ck, ExitTarget(dump, e) + " " + std::string(ToString(e.dir)))
-                   .first;
+          it = reg_keys.emplace(ck, ExitTarget(dump, e) + " " + std::string(ToString(e.dir))).first;
         }
         registers[it->second].Add(e.duration_ns);
       }
@@ -139,7 +139,8 @@ ExitSummary Summarize(const Dump& dump, const SummaryFilter& filter) {
   for (const DumpDeviceEvent& ev : dump.device_events)
     if (ev.type == DeviceEventType::kIoSubmit || ev.type == DeviceEventType::kIoComplete)
       ios.push_back(&ev);
-  std::stable_sort(ios.begin(), ios.end(), [](auto* a, auto* b) { return a->time_ns < b->time_ns; });
+  std::stable_sort(ios.begin(), ios.end(),
+                   [](auto* a, auto* b) { return a->time_ns < b->time_ns; });
   std::vector<FindingRecord> findings = dump.findings;
   std::stable_sort(findings.begin(), findings.end(),
                    [](const auto& a, const auto& b) { return a.time_ns < b.time_ns; });
@@ -161,8 +162,7 @@ ExitSummary Summarize(const Dump& dump, const SummaryFilter& filter) {
     fc.finding = f;
     fc.device_name = dump.DeviceName(f.device);
     for (const auto& [key, t] : open) {
-      fc.in_flight.push_back(
-          {key.first, dump.DeviceName(key.first), key.second, t, f.time_ns - t});
+      fc.in_flight.push_back({key.first, dump.DeviceName(key.first), key.second, t, f.time_ns - t});
     }
     s.findings.push_back(std::move(fc));
   }

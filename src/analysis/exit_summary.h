@@ -70,10 +70,10 @@ struct LossCounters {
 };
 
 struct ExitSummary {
-  uint64_t exits = 0;           // exits that passed the filter
-  uint64_t total_ns = 0;        // their summed duration
-  uint64_t first_ns = 0;        // start of the first exit
-  uint64_t last_ns = 0;         // end of the last exit
+  uint64_t exits = 0;     // exits that passed the filter
+  uint64_t total_ns = 0;  // their summed duration
+  uint64_t first_ns = 0;  // start of the first exit
+  uint64_t last_ns = 0;   // end of the last exit
   double span_s() const noexcept { return last_ns > first_ns ? (last_ns - first_ns) / 1e9 : 0.0; }
   LatencyStats all;
   std::vector<ExitGroup> by_kind;

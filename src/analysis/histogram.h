@@ -22,7 +22,7 @@ namespace exitscope::analysis {
 
 class LatencyHistogram {
  public:
-  static constexpr int kSubBits = 7;                        // 128 exact values, then 64 per octave
+  static constexpr int kSubBits = 7;  // 128 exact values, then 64 per octave
   static constexpr uint64_t kLinear = uint64_t{1} << kSubBits;
   static constexpr uint64_t kHalf = kLinear / 2;
   static constexpr size_t kBuckets = kLinear + (64 - kSubBits) * kHalf;
@@ -30,9 +30,9 @@ class LatencyHistogram {
 
   static constexpr size_t BucketOf(uint64_t v) noexcept {
     if (v < kLinear) return static_cast<size_t>(v);
-    const int msb = 63 - std::countl_zero(v);   // >= kSubBits
-    const int shift = msb - kSubBits + 1;       // >= 1
-    const uint64_t sub = v >> shift;            // in [kHalf, kLinear)
+    const int msb = 63 - std::countl_zero(v);  // >= kSubBits
+    const int shift = msb - kSubBits + 1;      // >= 1
+    const uint64_t sub = v >> shift;           // in [kHalf, kLinear)
     return static_cast<size_t>(kLinear + static_cast<uint64_t>(shift - 1) * kHalf + (sub - kHalf));
   }
   // Smallest value in bucket b.

@@ -28,21 +28,43 @@ es_status FromError(const exitscope::Error& e) {
   using exitscope::ErrorCode;
   es_status s = ES_EINTERNAL;
   switch (e.code) {
-    case ErrorCode::kOk: s = ES_OK; break;
-    case ErrorCode::kInvalidArgument: s = ES_EINVAL; break;
-    case ErrorCode::kAlreadyExists: s = ES_EEXIST; break;
-    case ErrorCode::kNotFound: s = ES_ENOENT; break;
-    case ErrorCode::kCorrupt: s = ES_ECORRUPT; break;
-    case ErrorCode::kUnsupported: s = ES_EUNSUPPORTED; break;
-    case ErrorCode::kIo: s = ES_EIO; break;
-    case ErrorCode::kUnavailable: s = ES_EUNAVAILABLE; break;
-    case ErrorCode::kPermission: s = ES_EPERM; break;
-    case ErrorCode::kInternal: s = ES_EINTERNAL; break;
+    case ErrorCode::kOk:
+      s = ES_OK;
+      break;
+    case ErrorCode::kInvalidArgument:
+      s = ES_EINVAL;
+      break;
+    case ErrorCode::kAlreadyExists:
+      s = ES_EEXIST;
+      break;
+    case ErrorCode::kNotFound:
+      s = ES_ENOENT;
+      break;
+    case ErrorCode::kCorrupt:
+      s = ES_ECORRUPT;
+      break;
+    case ErrorCode::kUnsupported:
+      s = ES_EUNSUPPORTED;
+      break;
+    case ErrorCode::kIo:
+      s = ES_EIO;
+      break;
+    case ErrorCode::kUnavailable:
+      s = ES_EUNAVAILABLE;
+      break;
+    case ErrorCode::kPermission:
+      s = ES_EPERM;
+      break;
+    case ErrorCode::kInternal:
+      s = ES_EINTERNAL;
+      break;
   }
   return SetError(s, e.message);
 }
 
-es_status FromStatus(const exitscope::Status& st) { return st ? ES_OK : FromError(st.error()); }
+es_status FromStatus(const exitscope::Status& st) {
+  return st ? ES_OK : FromError(st.error());
+}
 
 // Runs `f` (returning es_status) and turns any exception into a status.
 template <typename F>
@@ -58,16 +80,22 @@ es_status Guard(F&& f) noexcept {
   }
 }
 
-bool ValidSpace(es_space s) { return s == ES_SPACE_MMIO || s == ES_SPACE_PIO; }
-bool ValidDir(es_dir d) { return d == ES_DIR_NONE || d == ES_DIR_READ || d == ES_DIR_WRITE; }
+bool ValidSpace(es_space s) {
+  return s == ES_SPACE_MMIO || s == ES_SPACE_PIO;
+}
+bool ValidDir(es_dir d) {
+  return d == ES_DIR_NONE || d == ES_DIR_READ || d == ES_DIR_WRITE;
+}
 
 exitscope::IoSpace ToSpace(es_space s) {
   return s == ES_SPACE_PIO ? exitscope::IoSpace::kPio : exitscope::IoSpace::kMmio;
 }
-exitscope::AccessDir ToDir(es_dir d) { return static_cast<exitscope::AccessDir>(d); }
+exitscope::AccessDir ToDir(es_dir d) {
+  return static_cast<exitscope::AccessDir>(d);
+}
 
-es_status AddRange(es_recorder* rec, es_space space, uint64_t base, uint64_t size,
-                   uint32_t device, exitscope::Result<std::shared_ptr<const exitscope::RegisterMap>> map) {
+es_status AddRange(es_recorder* rec, es_space space, uint64_t base, uint64_t size, uint32_t device,
+                   exitscope::Result<std::shared_ptr<const exitscope::RegisterMap>> map) {
   if (!map) return FromError(map.error());
   return FromStatus(rec->rec->address_space().AddRange(ToSpace(space), base, size, device, *map));
 }
@@ -76,21 +104,34 @@ es_status AddRange(es_recorder* rec, es_space space, uint64_t base, uint64_t siz
 
 extern "C" {
 
-const char* es_last_error(void) { return g_last_error.c_str(); }
+const char* es_last_error(void) {
+  return g_last_error.c_str();
+}
 
 const char* es_status_name(es_status s) {
   switch (s) {
-    case ES_OK: return "ok";
-    case ES_EINVAL: return "invalid argument";
-    case ES_EEXIST: return "already exists";
-    case ES_ENOENT: return "not found";
-    case ES_ECORRUPT: return "corrupt";
-    case ES_EUNSUPPORTED: return "unsupported";
-    case ES_EIO: return "i/o error";
-    case ES_EUNAVAILABLE: return "unavailable";
-    case ES_EPERM: return "permission denied";
-    case ES_EINTERNAL: return "internal error";
-    case ES_ENOMEM: return "out of memory";
+    case ES_OK:
+      return "ok";
+    case ES_EINVAL:
+      return "invalid argument";
+    case ES_EEXIST:
+      return "already exists";
+    case ES_ENOENT:
+      return "not found";
+    case ES_ECORRUPT:
+      return "corrupt";
+    case ES_EUNSUPPORTED:
+      return "unsupported";
+    case ES_EIO:
+      return "i/o error";
+    case ES_EUNAVAILABLE:
+      return "unavailable";
+    case ES_EPERM:
+      return "permission denied";
+    case ES_EINTERNAL:
+      return "internal error";
+    case ES_ENOMEM:
+      return "out of memory";
   }
   return "unknown status";
 }
@@ -141,8 +182,7 @@ void es_recorder_destroy(es_recorder* rec) {
   }
 }
 
-es_status es_add_device(es_recorder* rec, const char* name, const char* kind,
-                        uint32_t* out_index) {
+es_status es_add_device(es_recorder* rec, const char* name, const char* kind, uint32_t* out_index) {
   if (rec == nullptr || name == nullptr) return SetError(ES_EINVAL, "es_add_device: NULL argument");
   return Guard([&]() -> es_status {
     auto r = rec->rec->address_space().AddDevice({.name = name, .kind = kind ? kind : ""});
@@ -177,8 +217,10 @@ es_status es_add_range_file(es_recorder* rec, es_space space, uint64_t base, uin
 }
 
 es_status es_remove_range(es_recorder* rec, es_space space, uint64_t base) {
-  if (rec == nullptr || !ValidSpace(space)) return SetError(ES_EINVAL, "es_remove_range: bad argument");
-  return Guard([&] { return FromStatus(rec->rec->address_space().RemoveRange(ToSpace(space), base)); });
+  if (rec == nullptr || !ValidSpace(space))
+    return SetError(ES_EINVAL, "es_remove_range: bad argument");
+  return Guard(
+      [&] { return FromStatus(rec->rec->address_space().RemoveRange(ToSpace(space), base)); });
 }
 
 es_status es_resolve(const es_recorder* rec, es_space space, uint64_t addr, uint32_t size,
@@ -212,8 +254,8 @@ es_status es_resolve(const es_recorder* rec, es_space space, uint64_t addr, uint
   });
 }
 
-void es_begin_exit(es_recorder* rec, uint32_t vcpu, es_exit_kind kind, uint64_t addr,
-                   uint8_t size, es_dir dir, uint64_t value) {
+void es_begin_exit(es_recorder* rec, uint32_t vcpu, es_exit_kind kind, uint64_t addr, uint8_t size,
+                   es_dir dir, uint64_t value) {
   if (rec == nullptr) return;
   rec->rec->BeginExit(vcpu, static_cast<exitscope::ExitKind>(kind), addr, size,
                       ValidDir(dir) ? ToDir(dir) : exitscope::AccessDir::kNone, value);
@@ -317,7 +359,8 @@ es_status es_set_attribute(es_recorder* rec, const char* key, const char* value)
 }
 
 es_status es_set_vcpu_counter(es_recorder* rec, uint32_t vcpu, const char* name, uint64_t value) {
-  if (rec == nullptr || name == nullptr) return SetError(ES_EINVAL, "es_set_vcpu_counter: NULL argument");
+  if (rec == nullptr || name == nullptr)
+    return SetError(ES_EINVAL, "es_set_vcpu_counter: NULL argument");
   return Guard([&] { return FromStatus(rec->rec->SetVcpuCounter(vcpu, name, value)); });
 }
 
@@ -337,7 +380,8 @@ es_status es_install_dump_signal(es_recorder* rec, int signo, const char* direct
 }
 
 es_status es_get_counters(const es_recorder* rec, es_counters* out) {
-  if (rec == nullptr || out == nullptr) return SetError(ES_EINVAL, "es_get_counters: NULL argument");
+  if (rec == nullptr || out == nullptr)
+    return SetError(ES_EINVAL, "es_get_counters: NULL argument");
   return Guard([&] {
     *out = es_counters{};
     const exitscope::Recorder& r = *rec->rec;

@@ -21,7 +21,8 @@ int InspectMain(int argc, char** argv) {
   std::string device;
   size_t rows = 20;
   bool all = false;
-  app.add_option("DUMP", path, "dump file written by the recorder (WriteDump, signal, exitscope run)")
+  app.add_option("DUMP", path,
+                 "dump file written by the recorder (WriteDump, signal, exitscope run)")
       ->required();
   app.add_option("--format", format, "output format")
       ->check(CLI::IsMember({"table", "json"}))
@@ -31,7 +32,8 @@ int InspectMain(int argc, char** argv) {
   app.add_option("--rows", rows, "rows per table in table format (0 = all)")->capture_default_str();
   app.add_flag("--all", all, "list every row, slow exit and finding");
   app.footer(
-      "Exit status: 0 ok, 1 the file could not be read, 2 bad usage or a corrupt/unsupported dump.\n"
+      "Exit status: 0 ok, 1 the file could not be read, 2 bad usage or a corrupt/unsupported "
+      "dump.\n"
       "JSON schema: docs/inspect.md.");
   try {
     app.parse(argc, argv);

@@ -5,9 +5,9 @@
 
 namespace exitscope::cli {
 
-int RunMain(int argc, char** argv);      // cmd_run.cc: the reference VMM
-int InspectMain(int argc, char** argv);  // cmd_inspect.cc: summarise a recorder dump
-int KvmMain(int argc, char** argv);      // cmd_kvm.cc: kernel-side analysis; dispatches:
+int RunMain(int argc, char** argv);        // cmd_run.cc: the reference VMM
+int InspectMain(int argc, char** argv);    // cmd_inspect.cc: summarise a recorder dump
+int KvmMain(int argc, char** argv);        // cmd_kvm.cc: kernel-side analysis; dispatches:
 int KvmRecordMain(int argc, char** argv);  // cmd_kvm_record.cc: `exitscope kvm record`
 int KvmLiveMain(int argc, char** argv);    // cmd_kvm_live.cc: `exitscope kvm live`
 

@@ -52,12 +52,11 @@ AddressSpace::AddressSpace() {
 
 AddressSpace::~AddressSpace() = default;
 
-Resolution AddressSpace::LookupAt(uint32_t generation, IoSpace space, uint64_t addr,
-                                  uint32_t size, AccessDir dir) const noexcept {
+Resolution AddressSpace::LookupAt(uint32_t generation, IoSpace space, uint64_t addr, uint32_t size,
+                                  AccessDir dir) const noexcept {
   std::lock_guard<std::mutex> lock(mu_);
-  const internal::AddressTable& t = generation < tables_.size()
-                                        ? *tables_[generation]
-                                        : *table_.load(std::memory_order_acquire);
+  const internal::AddressTable& t =
+      generation < tables_.size() ? *tables_[generation] : *table_.load(std::memory_order_acquire);
   return LookupIn(t, space, addr, size, dir);
 }
 

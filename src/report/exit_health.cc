@@ -37,11 +37,10 @@ void GroupTable(std::string& out, const char* title, const char* key_name,
     ++shown;
     const LatencyStats& s = g.stats;
     const std::string rate = span_s > 0 ? fmt::format("{:.1f}", s.count() / span_s) : "-";
-    out += fmt::format("  {:<{}} {:>10} {:>10} {:>11} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
-                       g.key, w, s.count(), rate, FormatDuration(s.sum()),
-                       FormatDuration(s.min()), FormatDuration(s.Quantile(0.5)),
-                       FormatDuration(s.Quantile(0.99)), FormatDuration(s.Quantile(0.999)),
-                       FormatDuration(s.max()));
+    out += fmt::format("  {:<{}} {:>10} {:>10} {:>11} {:>10} {:>10} {:>10} {:>10} {:>10}\n", g.key,
+                       w, s.count(), rate, FormatDuration(s.sum()), FormatDuration(s.min()),
+                       FormatDuration(s.Quantile(0.5)), FormatDuration(s.Quantile(0.99)),
+                       FormatDuration(s.Quantile(0.999)), FormatDuration(s.max()));
   }
 }
 
@@ -55,12 +54,12 @@ std::string RenderTable(const Dump& d, const ExitSummary& s, const ExitHealthOpt
   out += fmt::format("  process   {} (pid {}) on {} ({} {}, {})\n", d.process.comm, d.process.pid,
                      d.host.nodename, d.host.sysname, d.host.release, d.host.cpu_model);
   for (const auto& [k, v] : d.attributes) out += fmt::format("  {:<9} {}\n", k, v);
-  out += fmt::format("  clock     {}{}; slow-exit threshold {}; watchdog {} (stuck {}, I/O age {})\n",
-                     d.clock.source == ClockSource::kTsc ? "TSC" : "CLOCK_MONOTONIC",
-                     d.clock.tsc_hz ? fmt::format(" at {:.3f} MHz", d.clock.tsc_hz / 1e6) : "",
-                     FormatDuration(d.slow_exit_threshold_ns),
-                     d.watchdog_running ? "on" : "off", FormatDuration(d.watchdog.stuck_exit_ns),
-                     FormatDuration(d.watchdog.io_age_ns));
+  out +=
+      fmt::format("  clock     {}{}; slow-exit threshold {}; watchdog {} (stuck {}, I/O age {})\n",
+                  d.clock.source == ClockSource::kTsc ? "TSC" : "CLOCK_MONOTONIC",
+                  d.clock.tsc_hz ? fmt::format(" at {:.3f} MHz", d.clock.tsc_hz / 1e6) : "",
+                  FormatDuration(d.slow_exit_threshold_ns), d.watchdog_running ? "on" : "off",
+                  FormatDuration(d.watchdog.stuck_exit_ns), FormatDuration(d.watchdog.io_age_ns));
   out += fmt::format("  guest data {}\n", d.includes_guest_data ? "INCLUDED" : "not included");
   if (o.filter.vcpu || o.filter.device) {
     out += "  filter   ";
@@ -106,7 +105,9 @@ std::string RenderTable(const Dump& d, const ExitSummary& s, const ExitHealthOpt
   }
 
   if (!s.vcpu_counters.empty()) {
-    out += "\nPer-vCPU counters from the VMM (summed; kvm.* are KVM binary stats: exits the kernel handled too)\n";
+    out +=
+        "\nPer-vCPU counters from the VMM (summed; kvm.* are KVM binary stats: exits the kernel "
+        "handled too)\n";
     for (const auto& [k, v] : s.vcpu_counters) out += fmt::format("  {:<32} {:>14}\n", k, v);
   }
 
@@ -118,18 +119,17 @@ std::string RenderTable(const Dump& d, const ExitSummary& s, const ExitHealthOpt
       l.device_events_overwritten, l.device_events_dropped, l.device_events_skipped,
       l.findings_dropped);
   if (l.bad_vcpu || l.end_without_begin || l.begin_without_end || l.io_inflight_overflow)
-    out += fmt::format("API misuse: bad vCPU {}, end without begin {}, begin without end {}, "
-                       "in-flight I/O table overflow {}\n",
-                       l.bad_vcpu, l.end_without_begin, l.begin_without_end,
-                       l.io_inflight_overflow);
+    out += fmt::format(
+        "API misuse: bad vCPU {}, end without begin {}, begin without end {}, "
+        "in-flight I/O table overflow {}\n",
+        l.bad_vcpu, l.end_without_begin, l.begin_without_end, l.io_inflight_overflow);
   return out;
 }
 
 nlohmann::json StatsJson(const LatencyStats& s) {
-  return {{"count", s.count()},         {"total_ns", s.sum()},
-          {"min_ns", s.min()},          {"p50_ns", s.Quantile(0.5)},
-          {"p99_ns", s.Quantile(0.99)}, {"p999_ns", s.Quantile(0.999)},
-          {"max_ns", s.max()},          {"mean_ns", s.mean()}};
+  return {{"count", s.count()},        {"total_ns", s.sum()},        {"min_ns", s.min()},
+          {"p50_ns", s.Quantile(0.5)}, {"p99_ns", s.Quantile(0.99)}, {"p999_ns", s.Quantile(0.999)},
+          {"max_ns", s.max()},         {"mean_ns", s.mean()}};
 }
 
 nlohmann::json GroupsJson(const std::vector<ExitGroup>& groups) {
@@ -147,8 +147,10 @@ std::string RenderJson(const Dump& d, const ExitSummary& s, const ExitHealthOpti
   j["schema"] = "exitscope.exit-health.v1";
   j["source"] = o.source;
   j["process"] = {{"pid", d.process.pid}, {"comm", d.process.comm}, {"argv", d.process.argv}};
-  j["host"] = {{"nodename", d.host.nodename}, {"release", d.host.release},
-               {"cpu_model", d.host.cpu_model}, {"cpus", d.host.cpus}};
+  j["host"] = {{"nodename", d.host.nodename},
+               {"release", d.host.release},
+               {"cpu_model", d.host.cpu_model},
+               {"cpus", d.host.cpus}};
   j["attributes"] = nlohmann::json::object();
   for (const auto& [k, v] : d.attributes) j["attributes"][k] = v;
   j["clock"] = {{"source", d.clock.source == ClockSource::kTsc ? "tsc" : "monotonic"},
@@ -182,8 +184,10 @@ std::string RenderJson(const Dump& d, const ExitSummary& s, const ExitHealthOpti
   for (const auto& f : s.findings) {
     nlohmann::json in_flight = nlohmann::json::array();
     for (const auto& io : f.in_flight)
-      in_flight.push_back({{"device", io.device_name}, {"io_id", io.io_id},
-                           {"submitted_ns", io.submitted_ns}, {"age_ns", io.age_ns}});
+      in_flight.push_back({{"device", io.device_name},
+                           {"io_id", io.io_id},
+                           {"submitted_ns", io.submitted_ns},
+                           {"age_ns", io.age_ns}});
     j["findings"].push_back({{"time_ns", f.finding.time_ns},
                              {"type", ToString(f.finding.type)},
                              {"vcpu", f.finding.vcpu},

@@ -22,9 +22,9 @@ enum class OutputFormat { kTable, kJson };
 struct ExitHealthOptions {
   OutputFormat format = OutputFormat::kTable;
   analysis::SummaryFilter filter;
-  size_t max_rows = 20;       // rows per group table (0 = all); JSON always has all
-  size_t max_notable = 50;    // slow exits / findings listed (0 = all); JSON always has all
-  std::string source;         // what the dump came from ("vm.esdump", "live snapshot")
+  size_t max_rows = 20;     // rows per group table (0 = all); JSON always has all
+  size_t max_notable = 50;  // slow exits / findings listed (0 = all); JSON always has all
+  std::string source;       // what the dump came from ("vm.esdump", "live snapshot")
 };
 
 // Renders the report to a string.

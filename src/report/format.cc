@@ -11,6 +11,8 @@ std::string FormatDuration(uint64_t ns) {
   return fmt::format("{:.2f} s", static_cast<double>(ns) / 1e9);
 }
 
-std::string FormatUsec(uint64_t ns) { return fmt::format("{:.2f}", static_cast<double>(ns) / 1e3); }
+std::string FormatUsec(uint64_t ns) {
+  return fmt::format("{:.2f}", static_cast<double>(ns) / 1e3);
+}
 
 }  // namespace exitscope::report

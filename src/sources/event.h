@@ -27,16 +27,16 @@ struct ExitEvent {
   uint64_t start_ns = 0;
   uint64_t duration_ns = 0;
   uint32_t vcpu = 0;
-  uint32_t vm = 0;               // VM id: the VMM's pid for kernel traces
+  uint32_t vm = 0;  // VM id: the VMM's pid for kernel traces
   Isa isa = Isa::kUnknown;
-  std::string_view reason;       // "MMIO", "IO", "HLT", "HC_WRMSR", "EPT_VIOLATION", ...
+  std::string_view reason;  // "MMIO", "IO", "HLT", "HC_WRMSR", "EPT_VIOLATION", ...
   SubKeyKind subkey_kind = SubKeyKind::kNone;
   uint64_t subkey = 0;
-  uint8_t size = 0;              // access size in bytes, 0 when none
+  uint8_t size = 0;  // access size in bytes, 0 when none
   Direction dir = Direction::kNone;
-  bool userspace = false;        // the exit reached the VMM
-  std::string_view device;       // resolved device name, empty when unknown / unassigned
-  std::string_view reg;          // resolved register ("SQ1TDBL", "CC+2"), empty when none
+  bool userspace = false;   // the exit reached the VMM
+  std::string_view device;  // resolved device name, empty when unknown / unassigned
+  std::string_view reg;     // resolved register ("SQ1TDBL", "CC+2"), empty when none
   // Set by kernel-side (kvm trace) sources; zero / empty elsewhere.
   uint32_t tid = 0;              // host thread that ran the vCPU
   uint64_t guest_rip = 0;        // guest RIP at the exit when known
@@ -61,7 +61,7 @@ struct DeviceEvent {
   DeviceEventKind kind = DeviceEventKind::kNote;
   std::string_view device;
   uint64_t io_id = 0;
-  int64_t status = 0;            // completion status / errno for errors
+  int64_t status = 0;  // completion status / errno for errors
   std::string_view note;
 };
 
@@ -94,9 +94,9 @@ class EventSink {
 
 // What a source knows about the capture as a whole.
 struct Capture {
-  std::string clock;       // "x86-tsc", "CLOCK_MONOTONIC", "local", ...
-  uint64_t lost_events = 0;     // records the source knows were lost (overwritten, dropped)
-  uint64_t unpaired = 0;        // records that could not be paired into an exit
+  std::string clock;         // "x86-tsc", "CLOCK_MONOTONIC", "local", ...
+  uint64_t lost_events = 0;  // records the source knows were lost (overwritten, dropped)
+  uint64_t unpaired = 0;     // records that could not be paired into an exit
 };
 
 }  // namespace exitscope

@@ -69,7 +69,8 @@ TEST_F(CApiTest, DevicesRangesAndResolution) {
   EXPECT_EQ(es_add_device(rec_, "nvme0", "nvme", nullptr), ES_EEXIST);
   ASSERT_EQ(es_add_range_builtin(rec_, ES_SPACE_PIO, 0x3f8, 8, uart, "uart16550"), ES_OK);
   ASSERT_EQ(es_add_range_builtin(rec_, ES_SPACE_MMIO, 0xfebf0000, 0x4000, nvme, "nvme"), ES_OK);
-  EXPECT_EQ(es_add_range_builtin(rec_, ES_SPACE_MMIO, 0xfebf3000, 0x1000, nvme, nullptr), ES_EEXIST);
+  EXPECT_EQ(es_add_range_builtin(rec_, ES_SPACE_MMIO, 0xfebf3000, 0x1000, nvme, nullptr),
+            ES_EEXIST);
   EXPECT_NE(std::string(es_last_error()).find("overlaps"), std::string::npos) << es_last_error();
   EXPECT_EQ(es_add_range_builtin(rec_, ES_SPACE_MMIO, 0x1000, 0x10, nvme, "no-such-map"), ES_ENOENT)
       << es_last_error();

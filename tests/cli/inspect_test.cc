@@ -3,12 +3,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <string>
 #include <thread>
-#include <algorithm>
 
 #include <nlohmann/json.hpp>
 
@@ -35,7 +35,8 @@ Output RunExitscope(const std::string& args) {
 class InspectTest : public testing::Test {
  protected:
   static void SetUpTestSuite() {
-    path_ = new std::string(testing::TempDir() + "/inspect_" + std::to_string(getpid()) + ".esdump");
+    path_ =
+        new std::string(testing::TempDir() + "/inspect_" + std::to_string(getpid()) + ".esdump");
     exitscope::RecorderOptions o;
     o.num_vcpus = 2;
     o.events_per_vcpu = 256;
@@ -136,7 +137,8 @@ TEST(InspectShipped, DemoFallbackDumpReads) {
   const std::string path = std::string(EXITSCOPE_TESTDATA_DIR) + "/dumps/c-example.esdump";
   const Output o = RunExitscope("inspect " + path);
   ASSERT_EQ(o.status, 0) << o.out;
-  EXPECT_NE(o.out.find("c_example (no guest: simulated exit handlers)"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("c_example (no guest: simulated exit handlers)"), std::string::npos)
+      << o.out;
   EXPECT_NE(o.out.find("nvme0.SQ1TDBL write"), std::string::npos) << o.out;
   EXPECT_NE(o.out.find("Watchdog findings: 3"), std::string::npos) << o.out;
 }

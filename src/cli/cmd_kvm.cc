@@ -20,6 +20,7 @@
 #include "CLI/CLI.hpp"
 #include "analysis/kvm_stats.h"
 #include "cli/commands.h"
+#include "cli/kvm_flags.h"
 #include "fmt/format.h"
 #include "report/kvm_report.h"
 #include "sources/kvm_device_map.h"
@@ -65,30 +66,14 @@ int ReportMain(int argc, char** argv) {
       "Analyse KVM exits from a kvm trace, as perf kvm stat report does, with "
       "percentiles, histograms, device/register names and JSON/CSV output.",
       "exitscope kvm report"};
-  std::string input, event = "vmexit", key = "sample", format = "table", device_map;
-  std::string pvm_numbering = "upstream", isa = "auto";
-  int64_t vcpu = -1, pid = -1;
-  double duration_us = 0, tsc_mhz = 0;
-  bool percentiles = false, per_vcpu = false, per_vm = false, histogram = false;
+  std::string input, isa = "auto";
+  double tsc_mhz = 0;
+  KvmAnalysisFlags flags;
   app.add_option("-i,--input", input,
                  "trace file: trace-cmd .dat, trace-cmd report / ftrace text, perf script text")
       ->required();
-  app.add_option("--event", event, "vmexit | userspace | ioport | mmio | msr | hypercall");
-  app.add_option("--vcpu", vcpu, "only this vCPU");
-  app.add_option("-p,--pid", pid, "only this VM (VMM process id) or vCPU thread id");
-  app.add_option("-k,--key", key,
-                 "sort rows by: sample | time | max | min | avg | p50 | p99 | p999");
-  app.add_option("--duration", duration_us, "print each exit that took at least USEC microseconds");
-  app.add_flag("--percentiles", percentiles, "add p50 / p99 / p99.9 columns");
-  app.add_flag("--per-vcpu", per_vcpu, "add one table per vCPU");
-  app.add_flag("--per-vm", per_vm, "add one table per VM");
-  app.add_flag("--histogram", histogram, "log-scale latency histogram per row");
-  app.add_option("--format", format, "table | json | csv");
-  app.add_option("--device-map", device_map,
-                 "resolve ports / MMIO addresses: a recorder dump of the VM or a device-map "
-                 "text file (docs/kvm.md)");
-  app.add_option("--pvm-numbering", pvm_numbering,
-                 "PVM exit reason numbering: upstream | fork (ERETS removed)");
+  flags.Add(app, "only this VM (VMM process id) or vCPU thread id",
+            "print each exit that took at least USEC microseconds", "table | json | csv");
   app.add_option("--isa", isa,
                  "text traces only: which table kvm_exit reasons use: auto | vmx | svm | pvm");
   app.add_option("--tsc-mhz", tsc_mhz,
@@ -104,28 +89,11 @@ int ReportMain(int argc, char** argv) {
   }
 
   analysis::KvmAnalysisOptions aopts;
-  if (!analysis::ParseKvmEventClass(event, &aopts.event)) {
-    return Usage(self, fmt::format("--event: unknown event '{}' (vmexit, userspace, ioport, "
-                                   "mmio, msr, hypercall)",
-                                   event));
-  }
   report::KvmRenderOptions ropts;
-  if (!analysis::ParseKvmSortKey(key, &ropts.sort)) {
-    return Usage(self, fmt::format("--key: unknown key '{}' (sample, time, max, min, avg, p50, "
-                                   "p99, p999)",
-                                   key));
-  }
-  if (format != "table" && format != "json" && format != "csv") {
-    return Usage(self, fmt::format("--format: '{}' is not table, json or csv", format));
-  }
   sources::KvmPairerOptions popts;
-  if (pvm_numbering == "upstream") {
-    popts.pvm = sources::PvmNumbering::kUpstream;
-  } else if (pvm_numbering == "fork") {
-    popts.pvm = sources::PvmNumbering::kFork;
-  } else {
-    return Usage(self, fmt::format("--pvm-numbering: '{}' is not upstream or fork", pvm_numbering));
-  }
+  std::unique_ptr<sources::KvmDeviceMap> devices;
+  if (int rc = flags.Apply(self, &aopts, &ropts, &popts, &devices); rc != 0) return rc;
+  const std::string& format = flags.format;
   sources::KvmInputOptions iopts;
   if (isa == "auto")
     iopts.text.isa = Isa::kUnknown;
@@ -137,32 +105,14 @@ int ReportMain(int argc, char** argv) {
     iopts.text.isa = Isa::kPvm;
   else
     return Usage(self, fmt::format("--isa: '{}' is not auto, vmx, svm or pvm", isa));
-  if (tsc_mhz < 0 || duration_us < 0) {
-    return Usage(self, tsc_mhz < 0 ? "--tsc-mhz: must be positive" : "--duration: must be >= 0");
-  }
+  if (tsc_mhz < 0) return Usage(self, "--tsc-mhz: must be positive");
   iopts.tsc_khz = static_cast<uint64_t>(tsc_mhz * 1000.0 + 0.5);
-
-  std::unique_ptr<sources::KvmDeviceMap> devices;
-  if (!device_map.empty()) {
-    auto m = sources::KvmDeviceMap::Load(device_map);
-    if (!m)
-      return Fail(self, Error{m.error().code == ErrorCode::kIo ? ErrorCode::kInvalidArgument
-                                                               : m.error().code,
-                              "--device-map " + m.error().message});
-    devices = std::move(*m);
-    popts.devices = devices.get();
-  }
 
   auto in = sources::KvmInput::Open(input, iopts);
   if (!in) return Fail(self, in.error());
   popts.clock = (*in)->scale();
 
   std::vector<report::KvmSlowExit> slow;
-  aopts.vcpu = vcpu;
-  aopts.pid = pid;
-  aopts.per_vcpu = per_vcpu;
-  aopts.per_vm = per_vm;
-  aopts.slow_ns = static_cast<uint64_t>(duration_us * 1000.0 + 0.5);
   if (aopts.slow_ns != 0) {
     aopts.on_slow = [&](const ExitEvent& e, std::string_view k) {
       if (format == "table") {
@@ -188,13 +138,9 @@ int ReportMain(int argc, char** argv) {
   ctx.tsc_khz_from_host = (*in)->tsc_khz_from_host();
   ctx.lost_at_record = (*in)->lost_at_record();
   ctx.pairing = &pairer.stats();
-  ctx.pid = pid;
-  ctx.vcpu = vcpu;
+  ctx.pid = flags.pid;
+  ctx.vcpu = flags.vcpu;
   ctx.slow_exits = &slow;
-  ropts.percentiles = percentiles;
-  ropts.histogram = histogram;
-  ropts.per_vcpu = per_vcpu;
-  ropts.per_vm = per_vm;
   std::string out;
   if (format == "json")
     out = report::RenderKvmJson(agg.analysis(), ctx, ropts);

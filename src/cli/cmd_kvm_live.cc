@@ -28,6 +28,7 @@
 #include "CLI/CLI.hpp"
 #include "analysis/kvm_stats.h"
 #include "cli/commands.h"
+#include "cli/kvm_flags.h"
 #include "fmt/format.h"
 #include "report/kvm_report.h"
 #include "sources/kvm_device_map.h"
@@ -66,32 +67,19 @@ int KvmLiveMain(int argc, char** argv) {
       "refreshed every -d SECS, as perf kvm stat live does. Ctrl-C stops; tracefs "
       "is restored.",
       self};
-  double interval = 1.0, stop_after = 0, duration_us = 0;
-  std::string event = "vmexit", key = "sample", format = "table", device_map;
-  std::string pvm_numbering = "upstream", tracefs_dir;
+  double interval = 1.0, stop_after = 0;
+  std::string tracefs_dir;
   std::vector<std::string> events;
-  int64_t vcpu = -1, pid = -1;
-  bool percentiles = false, per_vcpu = false, per_vm = false, histogram = false;
+  KvmAnalysisFlags flags;
   bool cumulative = false, no_clear = false;
   size_t buffer_kb = 0;
   app.add_option("-d,--delay", interval, "refresh every SECS seconds (default 1)")
       ->check(CLI::Range(0.05, 86400.0));
   app.add_option("--stop-after", stop_after, "stop after SECS seconds (default: Ctrl-C)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--event", event, "vmexit | userspace | ioport | mmio | msr | hypercall");
-  app.add_option("--vcpu", vcpu, "only this vCPU");
-  app.add_option("-p,--pid", pid, "only this VM (VMM process id): also filters in the kernel");
-  app.add_option("-k,--key", key,
-                 "sort rows by: sample | time | max | min | avg | p50 | p99 | p999");
-  app.add_option("--duration", duration_us,
-                 "list each exit that took at least USEC microseconds (the last 20 are shown)");
-  app.add_flag("--percentiles", percentiles, "add p50 / p99 / p99.9 columns");
-  app.add_flag("--per-vcpu", per_vcpu, "add one table per vCPU");
-  app.add_flag("--per-vm", per_vm, "add one table per VM");
-  app.add_flag("--histogram", histogram, "log-scale latency histogram per row");
-  app.add_option("--format", format, "table | json | csv (json: one document per refresh)");
-  app.add_option("--device-map", device_map, "resolve ports / MMIO addresses (docs/kvm.md)");
-  app.add_option("--pvm-numbering", pvm_numbering, "upstream | fork");
+  flags.Add(app, "only this VM (VMM process id): also filters in the kernel",
+            "list each exit that took at least USEC microseconds (the last 20 are shown)",
+            "table | json | csv (json: one document per refresh)");
   app.add_flag("--cumulative", cumulative,
                "keep counting across refreshes (default: each "
                "refresh shows its interval only, as perf)");
@@ -112,40 +100,12 @@ int KvmLiveMain(int argc, char** argv) {
   }
 
   analysis::KvmAnalysisOptions aopts;
-  if (!analysis::ParseKvmEventClass(event, &aopts.event)) {
-    return Usage(self, fmt::format("--event: unknown event '{}' (vmexit, userspace, ioport, "
-                                   "mmio, msr, hypercall)",
-                                   event));
-  }
   report::KvmRenderOptions ropts;
-  if (!analysis::ParseKvmSortKey(key, &ropts.sort)) {
-    return Usage(self, fmt::format("--key: unknown key '{}' (sample, time, max, min, avg, p50, "
-                                   "p99, p999)",
-                                   key));
-  }
-  if (format != "table" && format != "json" && format != "csv") {
-    return Usage(self, fmt::format("--format: '{}' is not table, json or csv", format));
-  }
-  if (duration_us < 0) return Usage(self, "--duration: must be >= 0");
   sources::KvmPairerOptions popts;
-  if (pvm_numbering == "upstream") {
-    popts.pvm = sources::PvmNumbering::kUpstream;
-  } else if (pvm_numbering == "fork") {
-    popts.pvm = sources::PvmNumbering::kFork;
-  } else {
-    return Usage(self, fmt::format("--pvm-numbering: '{}' is not upstream or fork", pvm_numbering));
-  }
   std::unique_ptr<sources::KvmDeviceMap> devices;
-  if (!device_map.empty()) {
-    auto m = sources::KvmDeviceMap::Load(device_map);
-    if (!m) {
-      return Failed(self, Error{m.error().code == ErrorCode::kIo ? ErrorCode::kInvalidArgument
-                                                                 : m.error().code,
-                                "--device-map " + m.error().message});
-    }
-    devices = std::move(*m);
-    popts.devices = devices.get();
-  }
+  if (int rc = flags.Apply(self, &aopts, &ropts, &popts, &devices); rc != 0) return rc;
+  const std::string& format = flags.format;
+  const int64_t pid = flags.pid;
 
   sources::TracefsOptions topts;
   topts.tracefs_dir = tracefs_dir;
@@ -168,11 +128,6 @@ int KvmLiveMain(int argc, char** argv) {
   const uint64_t lag = tsc_khz ? tsc_khz * 50 : 50'000'000;
 
   std::deque<std::string> slow_lines;
-  aopts.vcpu = vcpu;
-  aopts.pid = pid;
-  aopts.per_vcpu = per_vcpu;
-  aopts.per_vm = per_vm;
-  aopts.slow_ns = static_cast<uint64_t>(duration_us * 1000.0 + 0.5);
   if (aopts.slow_ns != 0) {
     aopts.on_slow = [&](const ExitEvent& e, std::string_view k) {
       slow_lines.push_back(report::FormatKvmSlowExit(e, k));
@@ -196,11 +151,7 @@ int KvmLiveMain(int argc, char** argv) {
   ctx.tsc_khz_from_host = tsc_khz != 0;
   ctx.pairing = &pairer.stats();
   ctx.pid = pid;
-  ctx.vcpu = vcpu;
-  ropts.percentiles = percentiles;
-  ropts.histogram = histogram;
-  ropts.per_vcpu = per_vcpu;
-  ropts.per_vm = per_vm;
+  ctx.vcpu = flags.vcpu;
   const bool clear = format == "table" && !no_clear && ::isatty(STDOUT_FILENO);
 
   if (Status st = s.Start(); !st) return Failed(self, st.error());
@@ -226,7 +177,7 @@ int KvmLiveMain(int argc, char** argv) {
               : "");
       out += report::RenderKvmTable(agg.analysis(), ctx, ropts);
       if (!slow_lines.empty()) {
-        out += fmt::format("\nSlowest-threshold exits (>= {} us), latest {}:\n", duration_us,
+        out += fmt::format("\nSlowest-threshold exits (>= {} us), latest {}:\n", flags.duration_us,
                            slow_lines.size());
         for (const std::string& l : slow_lines) out += l + "\n";
       }

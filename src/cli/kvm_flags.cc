@@ -1,0 +1,86 @@
+#include "cli/kvm_flags.h"
+
+#include <cstdio>
+
+#include "fmt/format.h"
+
+namespace exitscope::cli {
+namespace {
+
+int Usage(const char* self, const std::string& what) {
+  std::fprintf(stderr, "%s: %s\n", self, what.c_str());
+  return 2;
+}
+
+}  // namespace
+
+void KvmAnalysisFlags::Add(CLI::App& app, const char* pid_help, const char* duration_help,
+                           const char* format_help) {
+  app.add_option("--event", event, "vmexit | userspace | ioport | mmio | msr | hypercall");
+  app.add_option("--vcpu", vcpu, "only this vCPU");
+  app.add_option("-p,--pid", pid, pid_help);
+  app.add_option("-k,--key", key,
+                 "sort rows by: sample | time | max | min | avg | p50 | p99 | p999");
+  app.add_option("--duration", duration_us, duration_help);
+  app.add_flag("--percentiles", percentiles, "add p50 / p99 / p99.9 columns");
+  app.add_flag("--per-vcpu", per_vcpu, "add one table per vCPU");
+  app.add_flag("--per-vm", per_vm, "add one table per VM");
+  app.add_flag("--histogram", histogram, "log-scale latency histogram per row");
+  app.add_option("--format", format, format_help);
+  app.add_option("--device-map", device_map,
+                 "resolve ports / MMIO addresses: a recorder dump of the VM or a device-map "
+                 "text file (docs/kvm.md)");
+  app.add_option("--pvm-numbering", pvm_numbering,
+                 "PVM exit reason numbering: upstream | fork (ERETS removed)");
+}
+
+int KvmAnalysisFlags::Apply(const char* self, analysis::KvmAnalysisOptions* a,
+                            report::KvmRenderOptions* r, sources::KvmPairerOptions* p,
+                            std::unique_ptr<sources::KvmDeviceMap>* devices) const {
+  if (!analysis::ParseKvmEventClass(event, &a->event)) {
+    return Usage(self, fmt::format("--event: unknown event '{}' (vmexit, userspace, ioport, "
+                                   "mmio, msr, hypercall)",
+                                   event));
+  }
+  if (!analysis::ParseKvmSortKey(key, &r->sort)) {
+    return Usage(self, fmt::format("--key: unknown key '{}' (sample, time, max, min, avg, p50, "
+                                   "p99, p999)",
+                                   key));
+  }
+  if (format != "table" && format != "json" && format != "csv") {
+    return Usage(self, fmt::format("--format: '{}' is not table, json or csv", format));
+  }
+  if (duration_us < 0) return Usage(self, "--duration: must be >= 0");
+  if (pvm_numbering == "upstream") {
+    p->pvm = sources::PvmNumbering::kUpstream;
+  } else if (pvm_numbering == "fork") {
+    p->pvm = sources::PvmNumbering::kFork;
+  } else {
+    return Usage(self, fmt::format("--pvm-numbering: '{}' is not upstream or fork", pvm_numbering));
+  }
+  if (!device_map.empty()) {
+    auto m = sources::KvmDeviceMap::Load(device_map);
+    if (!m) {
+      std::fprintf(stderr, "%s: --device-map %s\n", self, m.error().message.c_str());
+      const ErrorCode c = m.error().code;
+      return c == ErrorCode::kInternal || c == ErrorCode::kPermission ||
+                     c == ErrorCode::kUnavailable
+                 ? 1
+                 : 2;
+    }
+    *devices = std::move(*m);
+    p->devices = devices->get();
+  }
+  a->vcpu = vcpu;
+  a->pid = pid;
+  a->per_vcpu = per_vcpu;
+  a->per_vm = per_vm;
+  a->slow_ns = static_cast<uint64_t>(duration_us * 1000.0 + 0.5);
+  r->percentiles = percentiles;
+  r->histogram = histogram;
+  r->per_vcpu = per_vcpu;
+  r->per_vm = per_vm;
+  return 0;
+}
+
+}  // namespace exitscope::cli

@@ -22,10 +22,7 @@
 #include "vmm/kvm.h"
 #include "vmm/vmm.h"
 
-#if __has_include("report/exit_health.h")
 #include "report/exit_health.h"
-#define EXITSCOPE_HAVE_EXIT_HEALTH 1
-#endif
 
 namespace exitscope::cli {
 namespace {
@@ -155,7 +152,7 @@ int RunMain(int argc, char** argv) {
       ->default_val(1);
   app.add_option("--dump", cfg.dump_path,
                  "dump file written at the end and on a fatal guest error "
-                 "(default: exitscope-<pid>.esd)");
+                 "(default: exitscope-<pid>.esdump)");
   app.add_flag("--no-dump", no_dump, "do not write a dump at the end");
   app.add_option("--duration", cfg.duration_s,
                  "stop the guest after SECONDS (default: when it ends)");
@@ -214,17 +211,10 @@ int RunMain(int argc, char** argv) {
   }
   PrintSummary(cfg, *result);
   if (Recorder* rec = (*vm)->recorder()) {
-#ifdef EXITSCOPE_HAVE_EXIT_HEALTH
     report::ExitHealthOptions opts;
     opts.format = format == "json" ? report::OutputFormat::kJson : report::OutputFormat::kTable;
     opts.source = "live snapshot of exitscope run --guest " + cfg.guest;
     report::WriteExitHealthReport(rec->Snapshot(), opts, stdout);
-#else
-    // TODO(lead): call report::WriteExitHealthReport(rec->Snapshot(), opts, stdout) once
-    // src/report/exit_health.h lands; until then `exitscope inspect DUMP` shows the report.
-    (void)rec;
-    std::fprintf(stderr, "  report: see exitscope inspect %s\n", result->dump_path.c_str());
-#endif
   }
   if (result->fatal) return 1;
   if (result->stopped) {

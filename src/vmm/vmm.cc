@@ -235,7 +235,7 @@ Status Vmm::Setup() {
   nvme_ = std::make_unique<NvmeBlock>(&mem_, std::move(bo));
   unassigned_ = std::make_unique<UnassignedLog>([this](std::string_view l) { Log(l); });
   dump_path_ =
-      cfg_.dump_path.empty() ? "exitscope-" + std::to_string(getpid()) + ".esd" : cfg_.dump_path;
+      cfg_.dump_path.empty() ? "exitscope-" + std::to_string(getpid()) + ".esdump" : cfg_.dump_path;
   // The loop's view of the VM.
   env_.bus = &bus_;
   env_.devices.assign(bus_.device_count(), nullptr);

@@ -51,7 +51,7 @@ struct VmmConfig {
   uint64_t io_age_ms = 20000;  // watchdog: I/O in flight this long
   bool record = true;
   uint64_t events_per_vcpu = 1 << 16;
-  std::string dump_path;    // "" = exitscope-<pid>.esd in the cwd
+  std::string dump_path;    // "" = exitscope-<pid>.esdump in the cwd
   bool write_dump = true;   // at the end and on a fatal guest error
   bool dump_signal = true;  // SIGUSR1 -> dump into dump_signal_dir
   std::string dump_signal_dir = ".";

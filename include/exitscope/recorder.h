@@ -227,6 +227,7 @@ class Recorder {
 
   RingCounters ring_counters(uint32_t vcpu) const noexcept;  // zeros for a bad index
   RecorderCounters counters() const noexcept;
+  DeviceEventCounters device_event_counters() const noexcept;
   std::vector<FindingRecord> Findings() const;
   const FlightRecorder& flight_recorder() const noexcept { return rings_; }
 

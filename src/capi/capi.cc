@@ -397,9 +397,9 @@ es_status es_get_counters(const es_recorder* rec, es_counters* out) {
     out->end_without_begin = rc.end_without_begin;
     out->begin_without_end = rc.begin_without_end;
     out->io_in_flight = rc.io_in_flight;
-    const exitscope::Dump d = r.Snapshot();
-    out->device_events_written = d.device_event_counters.written;
-    out->device_events_overwritten = d.device_event_counters.overwritten;
+    const exitscope::DeviceEventCounters dc = r.device_event_counters();
+    out->device_events_written = dc.written;
+    out->device_events_overwritten = dc.overwritten;
     return ES_OK;
   });
 }

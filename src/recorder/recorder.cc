@@ -390,6 +390,10 @@ RingCounters Recorder::ring_counters(uint32_t vcpu) const noexcept {
   return rings_.ring(vcpu).counters();
 }
 
+DeviceEventCounters Recorder::device_event_counters() const noexcept {
+  return impl_->device_events.counters();
+}
+
 RecorderCounters Recorder::counters() const noexcept {
   RecorderCounters c;
   c.bad_vcpu = impl_->bad_vcpu.load(std::memory_order_relaxed);

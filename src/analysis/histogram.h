@@ -3,7 +3,7 @@
 // LatencyHistogram is a log-linear histogram over uint64 nanoseconds (HdrHistogram-like):
 // values below 128 are counted exactly; above, each power of two is split into 64 linear
 // buckets, so a bucket spans at most 1/64 of its lower bound. A percentile is reported as the
-// midpoint of its bucket, clamped to the observed min and max: relative error <= 0.79%.
+// midpoint of its bucket, clamped to the observed min and max: relative error <= 0.78% (1/128).
 // Memory is fixed (3776 counters, ~30 KiB) whatever the number of samples; Add() is O(1) with
 // no allocation, Merge() adds two histograms.
 //

@@ -181,11 +181,34 @@ void Names(const Recorder& rec, const ExitRecord& r, std::string* device, std::s
   }
 }
 
-std::string ExitLinePrefix(const Recorder& rec, const ExitRecord& r) {
+// "exit MMIO write 4B to nvme0.SQ1TDBL (0xfebf1008)" for a resolved record.
+std::string ExitDescription(const Recorder& rec, const ExitRecord& r) {
   std::string device, reg;
   Names(rec, r, &device, &reg);
-  return "vCPU " + std::to_string(r.vcpu) + ": " +
-         internal::DescribeExit(r.kind, r.dir, r.size, r.addr, device, reg);
+  return internal::DescribeExit(r.kind, r.dir, r.size, r.addr, device, reg);
+}
+
+std::string ExitLinePrefix(const Recorder& rec, const ExitRecord& r) {
+  return "vCPU " + std::to_string(r.vcpu) + ": " + ExitDescription(rec, r);
+}
+
+// A finding about the (resolved) exit `r`, without its text.
+FindingRecord ExitFinding(const ExitRecord& r, FindingType type, uint64_t now_ns,
+                          uint64_t duration_ns) {
+  FindingRecord f;
+  f.time_ns = now_ns;
+  f.type = type;
+  f.vcpu = r.vcpu;
+  f.duration_ns = duration_ns;
+  f.kind = r.kind;
+  f.dir = r.dir;
+  f.size = r.size;
+  f.addr = r.addr;
+  f.device = r.device;
+  f.reg = r.reg;
+  f.reg_element = r.reg_element;
+  f.reg_delta = r.reg_delta;
+  return f;
 }
 }  // namespace
 
@@ -206,18 +229,7 @@ void Recorder::SlowPath(const ExitRecord& unresolved, bool stalled) noexcept {
     const uint64_t ns = clock_.TicksToNs(r.duration_ticks);
     const uint64_t now_ns = Clock::MonotonicNs();
     const std::string prefix = ExitLinePrefix(*this, r);
-    FindingRecord f;
-    f.time_ns = now_ns;
-    f.vcpu = r.vcpu;
-    f.duration_ns = ns;
-    f.kind = r.kind;
-    f.dir = r.dir;
-    f.size = r.size;
-    f.addr = r.addr;
-    f.device = r.device;
-    f.reg = r.reg;
-    f.reg_element = r.reg_element;
-    f.reg_delta = r.reg_delta;
+    FindingRecord f = ExitFinding(r, FindingType::kSlowExit, now_ns, ns);
     if (stalled) {
       FindingRecord end = f;
       end.type = FindingType::kStuckExitEnd;
@@ -238,7 +250,6 @@ void Recorder::SlowPath(const ExitRecord& unresolved, bool stalled) noexcept {
       s.duration_ns = ns;
       Names(*this, r, &s.device, &s.reg);
       s.line = prefix + " took " + FormatDurationNs(ns);
-      f.type = FindingType::kSlowExit;
       f.text = s.line;
       if (hook) hook(s);
       // The finding is logged by AddFinding unless the policy turned logging off.
@@ -480,22 +491,10 @@ class Watchdog {
       rec->Resolve(&r);
       (*reported)[v] = no;
       slot.stalled.store(no, std::memory_order_relaxed);
-      FindingRecord f;
-      f.time_ns = Clock::MonotonicNs();
-      f.type = FindingType::kStuckExitBegin;
+      FindingRecord f = ExitFinding(r, FindingType::kStuckExitBegin, Clock::MonotonicNs(),
+                                    clock.TicksToNs(elapsed));
       f.vcpu = v;
-      f.duration_ns = clock.TicksToNs(elapsed);
-      f.kind = r.kind;
-      f.dir = r.dir;
-      f.size = r.size;
-      f.addr = r.addr;
-      f.device = r.device;
-      f.reg = r.reg;
-      f.reg_element = r.reg_element;
-      f.reg_delta = r.reg_delta;
-      f.text = ExitLinePrefix(*rec, r);
-      const size_t colon = f.text.find(": ");
-      f.text = f.text.substr(0, colon + 2) + "stuck in " + f.text.substr(colon + 2) + " for " +
+      f.text = "vCPU " + std::to_string(v) + ": stuck in " + ExitDescription(*rec, r) + " for " +
                FormatDurationNs(f.duration_ns) + " (still inside)";
       rec->AddFinding(std::move(f));
     }

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/parse_args.h"
 #include "exitscope/dump.h"
 #include "report/exit_health.h"
 
@@ -35,11 +36,7 @@ int InspectMain(int argc, char** argv) {
       "Exit status: 0 ok, 1 the file could not be read, 2 bad usage or a corrupt/unsupported "
       "dump.\n"
       "JSON schema: docs/inspect.md.");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
+  if (auto rc = ParseArgs(app, argc, argv)) return *rc;
 
   auto dump = ReadDump(path);
   if (!dump) {

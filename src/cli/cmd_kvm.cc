@@ -21,6 +21,7 @@
 #include "analysis/kvm_stats.h"
 #include "cli/commands.h"
 #include "cli/kvm_flags.h"
+#include "cli/parse_args.h"
 #include "fmt/format.h"
 #include "report/kvm_report.h"
 #include "sources/kvm_device_map.h"
@@ -79,14 +80,7 @@ int ReportMain(int argc, char** argv) {
   app.add_option("--tsc-mhz", tsc_mhz,
                  "TSC frequency of the capture host, for x86-tsc timestamps (default: this "
                  "host's)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::fputs(app.help().c_str(), stdout);
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    return Usage(self, e.what());
-  }
+  if (auto rc = ParseArgs(app, argc, argv)) return *rc;
 
   analysis::KvmAnalysisOptions aopts;
   report::KvmRenderOptions ropts;

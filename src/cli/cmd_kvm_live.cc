@@ -29,6 +29,7 @@
 #include "analysis/kvm_stats.h"
 #include "cli/commands.h"
 #include "cli/kvm_flags.h"
+#include "cli/parse_args.h"
 #include "fmt/format.h"
 #include "report/kvm_report.h"
 #include "sources/kvm_device_map.h"
@@ -51,11 +52,6 @@ using sources::StopSignalScope;
 int Failed(const char* self, const Error& e) {
   std::fprintf(stderr, "%s: %s\n", self, e.message.c_str());
   return e.code == ErrorCode::kInvalidArgument || e.code == ErrorCode::kNotFound ? 2 : 1;
-}
-
-int Usage(const char* self, const std::string& what) {
-  std::fprintf(stderr, "%s: %s\n", self, what.c_str());
-  return 2;
 }
 
 }  // namespace
@@ -90,14 +86,7 @@ int KvmLiveMain(int argc, char** argv) {
   app.add_option("--tracefs", tracefs_dir,
                  "tracefs mount point (default: $EXITSCOPE_TRACEFS "
                  "or /sys/kernel/tracing)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::fputs(app.help().c_str(), stdout);
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    return Usage(self, fmt::format("{} (see --help)", e.what()));
-  }
+  if (auto rc = ParseArgs(app, argc, argv)) return *rc;
 
   analysis::KvmAnalysisOptions aopts;
   report::KvmRenderOptions ropts;

@@ -22,6 +22,7 @@
 
 #include "CLI/CLI.hpp"
 #include "cli/commands.h"
+#include "cli/parse_args.h"
 #include "fmt/format.h"
 #include "sources/tracefs_dat.h"
 #include "sources/tracefs_reader.h"
@@ -188,15 +189,7 @@ int KvmRecordMain(int argc, char** argv) {
   app.add_flag("--top-level", top_level,
                "record into the top-level buffer (settings are "
                "restored at the end)");
-  try {
-    app.parse(own_argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::printf("%s", app.help().c_str());
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "%s: %s (see --help)\n", self, e.what());
-    return 2;
-  }
+  if (auto rc = ParseArgs(app, own_argc, argv)) return *rc;
   if (pid > 0 && !cmd.empty()) {
     std::fprintf(stderr, "%s: -p and a command after -- exclude each other\n", self);
     return 2;

@@ -17,6 +17,7 @@
 
 #include "CLI/CLI.hpp"
 #include "cli/commands.h"
+#include "cli/parse_args.h"
 #include "exitscope/dump.h"
 #include "vmm/guest_image.h"
 #include "vmm/kvm.h"
@@ -158,14 +159,7 @@ int RunMain(int argc, char** argv) {
                  "stop the guest after SECONDS (default: when it ends)");
   app.add_flag("--no-record", no_record, "run without the recorder (for overhead comparisons)");
   app.add_option("--format", format, "report format: table | json")->default_val("table");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::fputs(app.help().c_str(), stdout);
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    return Usage(self, e.what());
-  }
+  if (auto rc = ParseArgs(app, argc, argv)) return *rc;
   if (list) return ListGuests();
   if (format != "table" && format != "json")
     return Usage(self, "--format " + format + ": expected table or json");

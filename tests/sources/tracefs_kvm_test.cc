@@ -95,13 +95,11 @@ void ExpectSame(const Outcome& a, const Outcome& b) {
 class TracefsKvmTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string td = EXITSCOPE_TESTDATA_DIR, sh = EXITSCOPE_SHARED_DIR;
-    capture_ = FirstExisting({td + "/kvm/pvm-user64-pio-mmio-hlt.dat",
-                              sh + "/testdata/captures/pvm-user64-pio-mmio-hlt.dat"});
-    formats_ = FirstExisting({td + "/kvm/tracefs-pvm-6.18", sh + "/testdata/tracefs-pvm-6.18"});
+    const std::string td = EXITSCOPE_TESTDATA_DIR;
+    capture_ = FirstExisting({td + "/kvm/pvm-user64-pio-mmio-hlt.dat"});
+    formats_ = FirstExisting({td + "/kvm/tracefs-pvm-6.18"});
     if (capture_.empty() || formats_.empty()) {
-      GTEST_SKIP() << "the real PVM capture and its format files are not present (testdata/kvm "
-                      "or ../shared/testdata)";
+      GTEST_SKIP() << "the real PVM capture and its format files are not present in testdata/kvm";
     }
     // The capture is a compressed version-7 file; trace-cmd rewrites it as plain version 6,
     // whose CPU sections are the kernel's pages as recorded.

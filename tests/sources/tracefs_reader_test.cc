@@ -443,7 +443,7 @@ TEST(TracefsReaderTest, WriterRefusesPagesThatDoNotFitAndRemovesUnfinishedOutput
   ASSERT_NE(::mkdtemp(dir), nullptr);
   const std::string path = std::string(dir) + "/x.dat";
   // A layout read from the real format files shipped with the project's test data.
-  const std::string formats = std::string(EXITSCOPE_SHARED_DIR) + "/testdata/tracefs-pvm-6.18";
+  const std::string formats = std::string(EXITSCOPE_TESTDATA_DIR) + "/kvm/tracefs-pvm-6.18";
   if (::access((formats + "/events/header_page").c_str(), R_OK) != 0) {
     ::rmdir(dir);
     GTEST_SKIP() << formats << " not present";

@@ -242,6 +242,9 @@ class Recorder {
  private:
   explicit Recorder(const RecorderOptions& options);
   void CountBadVcpu() noexcept;
+  // Appends one device event; returns its timestamp (ticks).
+  uint64_t WriteDeviceEvent(DeviceEventType type, uint32_t device, uint64_t io_id, int64_t status,
+                            std::string_view note) noexcept;
   void BeginWithoutEnd(uint32_t vcpu, uint64_t now) noexcept;
   void EndWithoutBegin() noexcept;
   void SlowPath(const ExitRecord& r, bool stalled) noexcept;

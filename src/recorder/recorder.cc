@@ -301,53 +301,39 @@ void Recorder::Log(std::string_view line) const {
 
 // ---- Device events -----------------------------------------------------------------------
 
-void Recorder::IoSubmit(uint32_t device, uint64_t io_id) noexcept {
+uint64_t Recorder::WriteDeviceEvent(DeviceEventType type, uint32_t device, uint64_t io_id,
+                                    int64_t status, std::string_view note) noexcept {
   DeviceEventRecord e;
   e.time_ticks = clock_.Now();
-  e.type = DeviceEventType::kIoSubmit;
-  e.device = device;
-  e.io_id = io_id;
-  impl_->device_events.Write(e);
-  impl_->inflight.Submit(device, io_id, e.time_ticks);
-}
-
-void Recorder::IoComplete(uint32_t device, uint64_t io_id, int64_t status) noexcept {
-  DeviceEventRecord e;
-  e.time_ticks = clock_.Now();
-  e.type = DeviceEventType::kIoComplete;
+  e.type = type;
   e.device = device;
   e.io_id = io_id;
   e.status = status;
+  e.SetNote(note);
   impl_->device_events.Write(e);
+  return e.time_ticks;
+}
+
+void Recorder::IoSubmit(uint32_t device, uint64_t io_id) noexcept {
+  const uint64_t now = WriteDeviceEvent(DeviceEventType::kIoSubmit, device, io_id, 0, {});
+  impl_->inflight.Submit(device, io_id, now);
+}
+
+void Recorder::IoComplete(uint32_t device, uint64_t io_id, int64_t status) noexcept {
+  WriteDeviceEvent(DeviceEventType::kIoComplete, device, io_id, status, {});
   impl_->inflight.Complete(device, io_id);
 }
 
 void Recorder::QueueFull(uint32_t device, uint64_t queue) noexcept {
-  DeviceEventRecord e;
-  e.time_ticks = clock_.Now();
-  e.type = DeviceEventType::kQueueFull;
-  e.device = device;
-  e.io_id = queue;
-  impl_->device_events.Write(e);
+  WriteDeviceEvent(DeviceEventType::kQueueFull, device, queue, 0, {});
 }
 
 void Recorder::BackendError(uint32_t device, int64_t error, std::string_view note) noexcept {
-  DeviceEventRecord e;
-  e.time_ticks = clock_.Now();
-  e.type = DeviceEventType::kBackendError;
-  e.device = device;
-  e.status = error;
-  e.SetNote(note);
-  impl_->device_events.Write(e);
+  WriteDeviceEvent(DeviceEventType::kBackendError, device, 0, error, note);
 }
 
 void Recorder::Note(uint32_t device, std::string_view text) noexcept {
-  DeviceEventRecord e;
-  e.time_ticks = clock_.Now();
-  e.type = DeviceEventType::kNote;
-  e.device = device;
-  e.SetNote(text);
-  impl_->device_events.Write(e);
+  WriteDeviceEvent(DeviceEventType::kNote, device, 0, 0, text);
 }
 
 // ---- Policy and metadata -----------------------------------------------------------------

@@ -1,14 +1,33 @@
+// vmm/kvm_stats.cc: see kvm_stats.h.
 #include "vmm/kvm_stats.h"
 
 #include <linux/kvm.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 
 namespace exitscope::vmm {
 
 namespace {
+
+// The ABI's layout, spelled out rather than taken from sizeof(struct kvm_stats_desc): that
+// struct ends in a flexible array member, and in C++ older uapi headers declare it behind an
+// empty struct of size 1, which makes sizeof 20 and offsetof(name) 17 instead of 16. A
+// stride of 20 + name_size reads every descriptor after the first 4 bytes further off
+// ("empted_poll" for "halt_attempted_poll").
+constexpr size_t kStatsHeaderSize = 24;     // flags, name_size, num_desc, id/desc/data offset
+constexpr size_t kStatsDescFixedSize = 16;  // flags, exponent, size, offset, bucket_size
+static_assert(offsetof(kvm_stats_header, data_offset) + 4 == kStatsHeaderSize);
+static_assert(offsetof(kvm_stats_desc, bucket_size) + 4 == kStatsDescFixedSize);
+
+uint32_t Load32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;  // the kernel writes the file in host byte order
+}
 
 Status PreadAll(int fd, void* buf, size_t len, uint64_t off, const std::string& origin,
                 const char* what) {
@@ -31,47 +50,55 @@ Status PreadAll(int fd, void* buf, size_t len, uint64_t off, const std::string& 
 }  // namespace
 
 Result<KvmStatsSchema> ReadKvmStatsSchema(int fd, const std::string& origin) {
-  kvm_stats_header h;
-  if (auto st = PreadAll(fd, &h, sizeof(h), 0, origin, "the header"); !st)
+  uint8_t hb[kStatsHeaderSize];
+  if (auto st = PreadAll(fd, hb, sizeof(hb), 0, origin, "the header"); !st)
     return std::unexpected(st.error());
-  if (h.name_size == 0 || h.name_size > 4096)
+  const uint32_t name_size = Load32(hb + 4), num_desc = Load32(hb + 8), id_offset = Load32(hb + 12),
+                 desc_offset = Load32(hb + 16), data_offset = Load32(hb + 20);
+  if (name_size == 0 || name_size > 4096)
     return Fail(ErrorCode::kCorrupt,
-                origin + ": header name_size " + std::to_string(h.name_size) + " out of range");
-  if (h.num_desc > 65536)
+                origin + ": header name_size " + std::to_string(name_size) + " out of range");
+  if (num_desc > 65536)
     return Fail(ErrorCode::kCorrupt,
-                origin + ": header num_desc " + std::to_string(h.num_desc) + " out of range");
+                origin + ": header num_desc " + std::to_string(num_desc) + " out of range");
+  const uint64_t stride = kStatsDescFixedSize + uint64_t{name_size};
+  const uint64_t desc_end = uint64_t{desc_offset} + stride * num_desc;
+  if (desc_end > data_offset)
+    return Fail(ErrorCode::kCorrupt,
+                origin + ": " + std::to_string(num_desc) + " descriptors of " +
+                    std::to_string(stride) + " bytes from offset " + std::to_string(desc_offset) +
+                    " overlap the data block at offset " + std::to_string(data_offset));
   KvmStatsSchema s;
-  s.data_offset = h.data_offset;
-  std::string id(h.name_size, '\0');
-  if (auto st = PreadAll(fd, id.data(), id.size(), h.id_offset, origin, "the id string"); !st)
+  s.data_offset = data_offset;
+  std::string id(name_size, '\0');
+  if (auto st = PreadAll(fd, id.data(), id.size(), id_offset, origin, "the id string"); !st)
     return std::unexpected(st.error());
   s.id = std::string(id.c_str());
-  const size_t stride = sizeof(kvm_stats_desc) + h.name_size;
-  std::vector<char> buf(stride * h.num_desc);
+  std::vector<uint8_t> buf(stride * num_desc);
   if (!buf.empty())
-    if (auto st = PreadAll(fd, buf.data(), buf.size(), h.desc_offset, origin, "the descriptors");
-        !st)
+    if (auto st = PreadAll(fd, buf.data(), buf.size(), desc_offset, origin, "the descriptors"); !st)
       return std::unexpected(st.error());
-  for (uint32_t i = 0; i < h.num_desc; ++i) {
-    const char* p = buf.data() + i * stride;
-    kvm_stats_desc d;
-    std::memcpy(&d, p, sizeof(d));
+  s.descs.reserve(num_desc);
+  for (uint32_t i = 0; i < num_desc; ++i) {
+    const uint8_t* p = buf.data() + i * stride;
+    const uint64_t at = desc_offset + i * stride;
     KvmStatDesc out;
-    const char* name = p + sizeof(kvm_stats_desc);
-    out.name.assign(name, strnlen(name, h.name_size));
-    out.flags = d.flags;
-    out.exponent = d.exponent;
-    out.size = d.size;
-    out.offset = d.offset;
-    out.bucket_size = d.bucket_size;
+    const char* name = reinterpret_cast<const char*>(p + kStatsDescFixedSize);
+    out.name.assign(name, strnlen(name, name_size));
+    out.flags = Load32(p + 0);
+    std::memcpy(&out.exponent, p + 4, 2);
+    std::memcpy(&out.size, p + 6, 2);
+    out.offset = Load32(p + 8);
+    out.bucket_size = Load32(p + 12);
     if (out.name.empty())
-      return Fail(ErrorCode::kCorrupt,
-                  origin + ": descriptor " + std::to_string(i) + " at offset " +
-                      std::to_string(h.desc_offset + i * stride) + " has an empty name");
+      return Fail(ErrorCode::kCorrupt, origin + ": descriptor " + std::to_string(i) +
+                                           " at offset " + std::to_string(at) +
+                                           " has an empty name");
     if (out.size == 0 || out.offset % 8 != 0)
-      return Fail(ErrorCode::kCorrupt, origin + ": descriptor '" + out.name + "' has size " +
-                                           std::to_string(out.size) + " and offset " +
-                                           std::to_string(out.offset));
+      return Fail(ErrorCode::kCorrupt, origin + ": descriptor " + std::to_string(i) + " '" +
+                                           out.name + "' at offset " + std::to_string(at) +
+                                           " has size " + std::to_string(out.size) +
+                                           " and data offset " + std::to_string(out.offset));
     s.data_size = std::max<uint64_t>(s.data_size, uint64_t{out.offset} + 8ull * out.size);
     s.descs.push_back(std::move(out));
   }

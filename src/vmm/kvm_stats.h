@@ -4,9 +4,10 @@
 // File layout (include/uapi/linux/kvm.h):
 //   struct kvm_stats_header { flags, name_size, num_desc, id_offset, desc_offset, data_offset }
 //   id string (name_size bytes) at id_offset
-//   num_desc descriptors at desc_offset, each sizeof(kvm_stats_desc) + name_size bytes:
+//   num_desc descriptors at desc_offset, each 16 + name_size bytes:
 //     { u32 flags (type | unit | base), s16 exponent, u16 size, u32 offset, u32 bucket_size,
 //       char name[name_size] }
+//   (16, not sizeof(struct kvm_stats_desc): in C++ some uapi headers make that 20.)
 //   data at data_offset + desc.offset: `size` u64 values per descriptor.
 // The schema (header + descriptors) is read once; values are re-read with pread each sample.
 #pragma once

@@ -35,8 +35,11 @@
 
 #include <atomic>
 #include <csignal>
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -50,11 +53,40 @@ namespace exitscope::sources {
 // permitted.
 Result<std::string> FindTracefs(const std::string& dir = "", bool mount_if_missing = true);
 
+// A buffer_size_kb file as the kernel prints it (tracing_entries_read in kernel/trace/trace.c):
+//   "1410"               KiB allocated per CPU (whole pages of data, so writing 1408 reads 1410);
+//   "X"                  the total file when the per-CPU sizes differ;
+//   "7 (expanded: 1408)" the total file of a buffer that was never used: 7 KiB (the two-page
+//                        minimum) allocated per CPU, 1408 KiB (trace_buf_size) as soon as any
+//                        event is enabled or any size is written. The per-CPU files of such a
+//                        buffer read the placeholder ("7"), not the size it will have.
+// Only the top-level buffer is ever unexpanded: instances are created at full size.
+struct BufferSizeKb {
+  bool mixed = false;                   // "X"
+  uint64_t kb = 0;                      // allocated per CPU now
+  std::optional<uint64_t> expanded_kb;  // set while the buffer is not yet expanded
+};
+// kCorrupt naming the content when it is none of the three forms.
+Result<BufferSizeKb> ParseBufferSizeKb(std::string_view content);
+
+// Whether a buffer whose size file read `saved` traces as one that reads `now`: the same
+// content, or `saved` unexpanded and `now` the size the kernel gives it when it expands
+// (`page_data_bytes` per page: 1408 KiB in pages of 4080 bytes reads 1410).
+bool SameBufferSize(std::string_view saved, std::string_view now, uint64_t page_data_bytes);
+
 // Byte-for-byte snapshot of the tracefs files a session may write in one buffer (the
 // top-level tracing dir or an instance dir): tracing_on, trace_clock, buffer_size_kb (total
 // and per CPU), set_event_pid, options/event-fork, and enable + filter of every event in the
 // given systems. Derived files (set_event, events/<sys>/enable) are captured for comparison
 // but never written.
+//
+// Restore writes back what each file read, except where the read-back form is not a value the
+// file accepts: a filter "none" is cleared with "0", trace_clock "[local] global ..." is
+// written "local", a pid list one per line is written space separated, an enable "1*" (soft
+// mode) is written "1", and an unexpanded buffer ("7 (expanded: 1408)") is restored to its
+// expanded size, 1408, on every CPU: it is never shrunk to the 7 KiB placeholder. Enabling
+// any event expands it, and the kernel has no way back to "unexpanded"; the expanded size is
+// the one the host would trace with the next time anyone traces, so it traces as before.
 class TracefsSettings {
  public:
   // Reads the files under `buffer_dir`. Files that do not exist on this kernel are skipped.
@@ -67,14 +99,23 @@ class TracefsSettings {
   Status Restore() const;
 
   // Files whose content differs between two snapshots, as "path: 'old' -> 'new'" lines.
+  // Buffer sizes compare with SameBufferSize: an unexpanded buffer (and its per-CPU
+  // placeholder sizes) equals the same buffer expanded to the size it promised.
   std::vector<std::string> Diff(const TracefsSettings& other) const;
+
+  // Bytes of trace data per ring-buffer page (events/header_page, else page size - 16).
+  uint64_t page_data_bytes() const { return page_data_bytes_; }
 
   const std::vector<std::pair<std::string, std::string>>& files() const { return files_; }
   const std::string& buffer_dir() const { return dir_; }
 
  private:
+  // The saved content of `rel`, or nullptr.
+  const std::string* Find(const std::string& rel) const;
+
   std::string dir_;
   std::vector<std::pair<std::string, std::string>> files_;  // relative path, content
+  uint64_t page_data_bytes_ = 4080;
 };
 
 struct TracefsOptions {

@@ -14,6 +14,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -115,6 +116,29 @@ void ExpectChanged(const TracefsSession& s, const std::string& dir) {
   EXPECT_EQ(Slurp(dir + "/tracing_on"), "0\n");  // until Start()
 }
 
+// No buffer_size_kb of `after` (total or per CPU) is smaller than the size `before` traced
+// with: for an unexpanded buffer the size it expands to, never its 7 KiB placeholder.
+void ExpectNeverShrunk(const TracefsSettings& before, const TracefsSettings& after) {
+  std::optional<uint64_t> promised;
+  for (const auto& [rel, content] : before.files())
+    if (rel == "buffer_size_kb")
+      if (auto t = ParseBufferSizeKb(content)) promised = t->expanded_kb;
+  for (const auto& [rel, content] : before.files()) {
+    if (!rel.ends_with("buffer_size_kb")) continue;
+    auto was = ParseBufferSizeKb(content);
+    ASSERT_TRUE(was) << rel << ": " << was.error().message;
+    if (was->mixed) continue;
+    const uint64_t want = promised.value_or(was->kb);
+    for (const auto& [rel2, content2] : after.files()) {
+      if (rel2 != rel) continue;
+      auto now = ParseBufferSizeKb(content2);
+      ASSERT_TRUE(now) << rel2 << ": " << now.error().message;
+      if (now->mixed || now->expanded_kb) continue;
+      EXPECT_GE(now->kb, want) << rel << ": '" << content << "' -> '" << content2 << "'";
+    }
+  }
+}
+
 TEST(TracefsSessionTest, PrivateInstanceLeavesTopLevelAndInstancesUntouched) {
   REQUIRE_TRACEFS(tracefs);
   const std::vector<std::string> systems = {"kvm", "syscalls"};
@@ -142,6 +166,7 @@ TEST(TracefsSessionTest, PrivateInstanceLeavesTopLevelAndInstancesUntouched) {
   EXPECT_EQ(before->Diff(*after), std::vector<std::string>{});
   EXPECT_EQ(before->files(), after->files());
   EXPECT_EQ(Instances(tracefs), instances_before);
+  ExpectNeverShrunk(*before, *after);
 }
 
 TEST(TracefsSessionTest, ExistingInstanceRestoredByteForByteOnClose) {
@@ -196,26 +221,212 @@ TEST(TracefsSessionTest, TopLevelSessionRestoresItsSettings) {
   }
   auto after = TracefsSettings::Capture(tracefs, systems);
   ASSERT_TRUE(after) << after.error().message;
-  // buffer_size_kb may go from "7 (expanded: 1408)" to "1408": enabling any event expands
-  // the top-level buffer, which the kernel cannot undo. Everything else is identical.
-  std::vector<std::string> diff;
-  for (const std::string& d : before->Diff(*after))
-    if (d.find("buffer_size_kb") == std::string::npos) diff.push_back(d);
-  EXPECT_EQ(diff, std::vector<std::string>{});
-  // The size is the one the kernel expands to, never the "7" placeholder of an unused buffer.
-  auto find = [](const TracefsSettings& s, const std::string& rel) {
-    for (const auto& [r, c] : s.files())
-      if (r == rel) return c;
-    return std::string();
-  };
-  const std::string was = find(*before, "buffer_size_kb"), now = find(*after, "buffer_size_kb");
-  const size_t at = was.find("(expanded: ");
-  if (at == std::string::npos) {
-    EXPECT_EQ(now, was);
-  } else {
-    EXPECT_TRUE(now == was || now == was.substr(at + 11, was.find(')') - at - 11) + "\n")
-        << "'" << was << "' -> '" << now << "'";
+  // Everything identical; buffer_size_kb may go from "7 (expanded: 1408)" to "1410" (enabling
+  // any event expands the top-level buffer, which the kernel cannot undo), which Diff counts
+  // as the same buffer.
+  EXPECT_EQ(before->Diff(*after), std::vector<std::string>{});
+  ExpectNeverShrunk(*before, *after);
+}
+
+// A buffer the kernel created at full size (an instance, or a top level already expanded)
+// that a session resizes comes back byte for byte, total and every CPU.
+TEST(TracefsSessionTest, FreshInstanceBufferSizeComesBackExactly) {
+  REQUIRE_TRACEFS(tracefs);
+  const std::string name = "es-test-fresh-" + std::to_string(::getpid());
+  const std::string dir = tracefs + "/instances/" + name;
+  ::rmdir(dir.c_str());
+  ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0) << dir;
+  struct Remove {
+    std::string d;
+    ~Remove() { ::rmdir(d.c_str()); }
+  } remove{dir};
+  const std::string fresh = Slurp(dir + "/buffer_size_kb");
+  auto size = ParseBufferSizeKb(fresh);
+  ASSERT_TRUE(size) << size.error().message;
+  // On Linux 6.18 an instance is allocated at full size at once: it never reads
+  // "(expanded: ...)", so the unexpanded case exists only at the top level after boot (and is
+  // tested on files below).
+  EXPECT_FALSE(size->mixed);
+  const std::vector<std::string> systems = {"kvm"};
+  auto before = TracefsSettings::Capture(dir, systems);
+  ASSERT_TRUE(before) << before.error().message;
+  {
+    TracefsOptions o;
+    o.instance = name;
+    o.events = {"kvm:kvm_pio"};
+    o.buffer_kb = 2048;
+    auto s = TracefsSession::Open(o);
+    ASSERT_TRUE(s) << s.error().message;
+    EXPECT_NE(Slurp(dir + "/buffer_size_kb"), fresh);
+    ASSERT_TRUE((*s)->Close());
   }
+  auto after = TracefsSettings::Capture(dir, systems);
+  ASSERT_TRUE(after) << after.error().message;
+  EXPECT_EQ(before->files(), after->files());
+  EXPECT_EQ(Slurp(dir + "/buffer_size_kb"), fresh);
+}
+
+// --- buffer_size_kb as the kernel prints it ------------------------------------------------
+
+TEST(TracefsBufferSizeTest, ParsesTheThreeForms) {
+  auto unexpanded = ParseBufferSizeKb("7 (expanded: 1408)\n");
+  ASSERT_TRUE(unexpanded) << unexpanded.error().message;
+  EXPECT_FALSE(unexpanded->mixed);
+  EXPECT_EQ(unexpanded->kb, 7u);
+  EXPECT_EQ(unexpanded->expanded_kb, 1408u);
+
+  auto plain = ParseBufferSizeKb("1410\n");
+  ASSERT_TRUE(plain);
+  EXPECT_EQ(plain->kb, 1410u);
+  EXPECT_FALSE(plain->expanded_kb.has_value());
+
+  auto mixed = ParseBufferSizeKb("X\n");
+  ASSERT_TRUE(mixed);
+  EXPECT_TRUE(mixed->mixed);
+
+  for (const char* bad : {"", "\n", "abc\n", "7 (expanded: )\n", "7 (expanded: 1408\n",
+                          "7 (expanded: x)\n", "-7\n", "(expanded: 1408)\n"}) {
+    auto r = ParseBufferSizeKb(bad);
+    EXPECT_FALSE(r) << "'" << bad << "'";
+    if (!r) {
+      EXPECT_EQ(r.error().code, ErrorCode::kCorrupt);
+    }
+  }
+}
+
+TEST(TracefsBufferSizeTest, UnexpandedEqualsItsExpandedSizeOnly) {
+  // 4080 bytes of data per 4 KiB page: 1408 KiB is 354 pages, which read back as 1410.
+  EXPECT_TRUE(SameBufferSize("7 (expanded: 1408)\n", "7 (expanded: 1408)\n", 4080));
+  EXPECT_TRUE(SameBufferSize("7 (expanded: 1408)\n", "1410\n", 4080));
+  EXPECT_TRUE(SameBufferSize("7 (expanded: 1408)\n", "1408\n", 4080));
+  EXPECT_FALSE(SameBufferSize("7 (expanded: 1408)\n", "7\n", 4080));  // shrunk: the old bug
+  EXPECT_FALSE(SameBufferSize("7 (expanded: 1408)\n", "2051\n", 4080));
+  EXPECT_FALSE(SameBufferSize("1410\n", "7 (expanded: 1408)\n", 4080));
+  EXPECT_FALSE(SameBufferSize("1410\n", "1408\n", 4080));  // two reads of one size are equal
+  EXPECT_TRUE(SameBufferSize("X\n", "X\n", 4080));
+  EXPECT_FALSE(SameBufferSize("X\n", "1410\n", 4080));
+}
+
+// A directory laid out like a tracefs buffer, with the files a session saves, holding what
+// the kernel printed: what Restore writes is what lands in the files.
+class FakeBuffer {
+ public:
+  FakeBuffer() {
+    char tmpl[] = "/tmp/exitscope-fakebuf-XXXXXX";
+    dir_ = ::mkdtemp(tmpl) ? tmpl : "";
+    for (const char* d : {"/per_cpu", "/per_cpu/cpu0", "/per_cpu/cpu1", "/events", "/events/kvm",
+                          "/events/kvm/kvm_pio"})
+      ::mkdir((dir_ + d).c_str(), 0700);
+  }
+  ~FakeBuffer() {
+    for (const char* f : {"/buffer_size_kb", "/per_cpu/cpu0/buffer_size_kb",
+                          "/per_cpu/cpu1/buffer_size_kb", "/tracing_on", "/events/header_page",
+                          "/events/kvm/kvm_pio/enable", "/events/kvm/kvm_pio/filter"})
+      ::unlink((dir_ + f).c_str());
+    for (const char* d : {"/events/kvm/kvm_pio", "/events/kvm", "/events", "/per_cpu/cpu1",
+                          "/per_cpu/cpu0", "/per_cpu", ""})
+      ::rmdir((dir_ + d).c_str());
+  }
+  void Set(const std::string& rel, const std::string& content) {
+    std::ofstream(dir_ + "/" + rel, std::ios::trunc) << content;
+  }
+  std::string Get(const std::string& rel) const { return Slurp(dir_ + "/" + rel); }
+  const std::string& dir() const { return dir_; }
+
+  // The state of a host's top level after boot, as Linux 6.18 prints it.
+  void SetUnexpanded() {
+    Set("buffer_size_kb", "7 (expanded: 1408)\n");
+    Set("per_cpu/cpu0/buffer_size_kb", "7\n");
+    Set("per_cpu/cpu1/buffer_size_kb", "7\n");
+    Set("tracing_on", "1\n");
+    // The real header_page of this kernel (testdata/tracefs-pvm-6.18/).
+    Set("events/header_page",
+        "\tfield: u64 timestamp;\toffset:0;\tsize:8;\tsigned:0;\n"
+        "\tfield: local_t commit;\toffset:8;\tsize:8;\tsigned:1;\n"
+        "\tfield: int overwrite;\toffset:8;\tsize:1;\tsigned:1;\n"
+        "\tfield: char data;\toffset:16;\tsize:4080;\tsigned:0;\n");
+    Set("events/kvm/kvm_pio/enable", "0\n");
+    Set("events/kvm/kvm_pio/filter", "none\n");
+  }
+  void SetAllSizes(const std::string& kb) {
+    Set("buffer_size_kb", kb);
+    Set("per_cpu/cpu0/buffer_size_kb", kb);
+    Set("per_cpu/cpu1/buffer_size_kb", kb);
+  }
+
+ private:
+  std::string dir_;
+};
+
+TEST(TracefsBufferSizeTest, UnexpandedBufferIsLeftAtItsExpandedSizeNeverShrunk) {
+  FakeBuffer b;
+  ASSERT_FALSE(b.dir().empty());
+  b.SetUnexpanded();
+  auto saved = TracefsSettings::Capture(b.dir(), {"kvm"});
+  ASSERT_TRUE(saved) << saved.error().message;
+  EXPECT_EQ(saved->page_data_bytes(), 4080u);
+
+  // The session enabled an event: the kernel expanded every CPU to 1410 KiB.
+  b.SetAllSizes("1410\n");
+  b.Set("events/kvm/kvm_pio/enable", "1\n");
+  b.Set("tracing_on", "0\n");
+  auto st = saved->Restore();
+  ASSERT_TRUE(st) << st.error().message;
+  // Before the fix the per-CPU files got their placeholder "7" back: 7 KiB per CPU.
+  EXPECT_EQ(b.Get("per_cpu/cpu0/buffer_size_kb"), "1410\n");
+  EXPECT_EQ(b.Get("per_cpu/cpu1/buffer_size_kb"), "1410\n");
+  EXPECT_EQ(b.Get("buffer_size_kb"), "1410\n");  // already the expanded size: not written
+  EXPECT_EQ(b.Get("events/kvm/kvm_pio/enable"), "0");
+  EXPECT_EQ(b.Get("tracing_on"), "1");
+  // As the kernel would print what Restore wrote.
+  b.Set("events/kvm/kvm_pio/enable", "0\n");
+  b.Set("tracing_on", "1\n");
+  auto after = TracefsSettings::Capture(b.dir(), {"kvm"});
+  ASSERT_TRUE(after);
+  EXPECT_EQ(saved->Diff(*after), std::vector<std::string>{});
+}
+
+TEST(TracefsBufferSizeTest, UnexpandedBufferResizedBySessionGetsItsExpandedSizeBack) {
+  FakeBuffer b;
+  ASSERT_FALSE(b.dir().empty());
+  b.SetUnexpanded();
+  auto saved = TracefsSettings::Capture(b.dir(), {"kvm"});
+  ASSERT_TRUE(saved) << saved.error().message;
+  // The session asked for 2048 KiB per CPU (--buffer-kb), or an earlier run shrank it to 7.
+  for (const char* now : {"2051\n", "7\n"}) {
+    SCOPED_TRACE(now);
+    b.SetAllSizes(now);
+    auto st = saved->Restore();
+    ASSERT_TRUE(st) << st.error().message;
+    // The total is written with the expanded size (the kernel resizes every CPU with it);
+    // no per-CPU file is ever written the 7 KiB placeholder.
+    EXPECT_EQ(b.Get("buffer_size_kb"), "1408");
+    EXPECT_EQ(b.Get("per_cpu/cpu0/buffer_size_kb"), now);
+    EXPECT_EQ(b.Get("per_cpu/cpu1/buffer_size_kb"), now);
+  }
+}
+
+TEST(TracefsBufferSizeTest, ReadBackFormsAreWrittenInTheFormTheFileAccepts) {
+  FakeBuffer b;
+  ASSERT_FALSE(b.dir().empty());
+  b.SetUnexpanded();
+  b.SetAllSizes("1410\n");
+  b.Set("per_cpu/cpu1/buffer_size_kb", "512\n");
+  b.Set("buffer_size_kb", "X\n");
+  b.Set("events/kvm/kvm_pio/enable", "1*\n");
+  b.Set("events/kvm/kvm_pio/filter", "none\n");
+  auto saved = TracefsSettings::Capture(b.dir(), {"kvm"});
+  ASSERT_TRUE(saved) << saved.error().message;
+  b.SetAllSizes("2051\n");
+  b.Set("events/kvm/kvm_pio/enable", "0\n");
+  b.Set("events/kvm/kvm_pio/filter", "port == 0x80\n");
+  auto st = saved->Restore();
+  ASSERT_TRUE(st) << st.error().message;
+  EXPECT_EQ(b.Get("buffer_size_kb"), "2051\n");  // "X" is never written
+  EXPECT_EQ(b.Get("per_cpu/cpu0/buffer_size_kb"), "1410");
+  EXPECT_EQ(b.Get("per_cpu/cpu1/buffer_size_kb"), "512");
+  EXPECT_EQ(b.Get("events/kvm/kvm_pio/enable"), "1");  // soft-mode marker dropped
+  EXPECT_EQ(b.Get("events/kvm/kvm_pio/filter"), "0");  // "none" is cleared with 0
 }
 
 TEST(TracefsSessionTest, SigintPathRestoresFromTheMainLoop) {

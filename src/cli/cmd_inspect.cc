@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <exception>
 #include <string>
 
 #include "cli/commands.h"
@@ -28,20 +29,21 @@ int InspectMain(int argc, char** argv) {
   app.add_option("--format", format, "output format")
       ->check(CLI::IsMember({"table", "json"}))
       ->capture_default_str();
-  app.add_option("--vcpu", vcpu, "only exits of this vCPU")->check(CLI::NonNegativeNumber);
+  app.add_option("--vcpu", vcpu, "only exits of this vCPU")->check(kNonNegativeInteger);
   app.add_option("--device", device, "only exits on this device (a name, or 'unassigned')");
-  app.add_option("--rows", rows, "rows per table in table format (0 = all)")->capture_default_str();
+  app.add_option("--rows", rows, "rows per table in table format (0 = all)")
+      ->check(kNonNegativeInteger)
+      ->capture_default_str();
   app.add_flag("--all", all, "list every row, slow exit and finding");
   app.footer(
-      "Exit status: 0 ok, 1 the file could not be read, 2 bad usage or a corrupt/unsupported "
-      "dump.\n"
+      "Exit status: 0 ok, 1 a runtime failure (e.g. a read error), 2 bad usage or a missing, "
+      "corrupt or unsupported dump.\n"
       "JSON schema: docs/inspect.md.");
   if (auto rc = ParseArgs(app, argc, argv)) return *rc;
 
   auto dump = ReadDump(path);
   if (!dump) {
-    std::fprintf(stderr, "exitscope inspect: %s\n", dump.error().message.c_str());
-    return dump.error().code == ErrorCode::kIo ? 1 : 2;
+    return ReportError("exitscope inspect", dump.error());
   }
   report::ExitHealthOptions o;
   o.format = format == "json" ? report::OutputFormat::kJson : report::OutputFormat::kTable;
@@ -69,7 +71,13 @@ int InspectMain(int argc, char** argv) {
     }
     o.filter.device = device;
   }
-  report::WriteExitHealthReport(*dump, o, stdout);
+  try {
+    report::WriteExitHealthReport(*dump, o, stdout);
+  } catch (const std::exception& e) {  // never an abort: one line naming the input
+    std::fprintf(stderr, "exitscope inspect: %s: cannot render the report: %s\n", path.c_str(),
+                 e.what());
+    return 1;
+  }
   return 0;
 }
 

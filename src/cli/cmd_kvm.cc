@@ -33,24 +33,6 @@ namespace {
 
 constexpr size_t kMaxSlowExitsKept = 100000;  // JSON keeps the first ones; all are counted
 
-int Fail(const char* self, const Error& e) {
-  std::fprintf(stderr, "%s: %s\n", self, e.message.c_str());
-  switch (e.code) {
-    case ErrorCode::kInvalidArgument:
-    case ErrorCode::kCorrupt:
-    case ErrorCode::kUnsupported:
-    case ErrorCode::kNotFound:
-      return 2;
-    default:
-      return 1;
-  }
-}
-
-int Usage(const char* self, const std::string& what) {
-  std::fprintf(stderr, "%s: %s\n", self, what.c_str());
-  return 2;
-}
-
 void KvmUsage(FILE* out) {
   std::fprintf(out,
                "usage: exitscope kvm <report|record|live> [options]\n\n"
@@ -79,7 +61,8 @@ int ReportMain(int argc, char** argv) {
                  "text traces only: which table kvm_exit reasons use: auto | vmx | svm | pvm");
   app.add_option("--tsc-mhz", tsc_mhz,
                  "TSC frequency of the capture host, for x86-tsc timestamps (default: this "
-                 "host's)");
+                 "host's)")
+      ->check(kFinitePositive);
   if (auto rc = ParseArgs(app, argc, argv)) return *rc;
 
   analysis::KvmAnalysisOptions aopts;
@@ -98,12 +81,11 @@ int ReportMain(int argc, char** argv) {
   else if (isa == "pvm")
     iopts.text.isa = Isa::kPvm;
   else
-    return Usage(self, fmt::format("--isa: '{}' is not auto, vmx, svm or pvm", isa));
-  if (tsc_mhz < 0) return Usage(self, "--tsc-mhz: must be positive");
+    return UsageError(self, fmt::format("--isa: '{}' is not auto, vmx, svm or pvm", isa));
   iopts.tsc_khz = static_cast<uint64_t>(tsc_mhz * 1000.0 + 0.5);
 
   auto in = sources::KvmInput::Open(input, iopts);
-  if (!in) return Fail(self, in.error());
+  if (!in) return ReportError(self, in.error());
   popts.clock = (*in)->scale();
 
   std::vector<report::KvmSlowExit> slow;
@@ -121,7 +103,7 @@ int ReportMain(int argc, char** argv) {
   }
   analysis::KvmAggregator agg(std::move(aopts));
   sources::KvmPairer pairer(popts, &agg);
-  if (Status s = (*in)->ReadAll(&pairer); !s) return Fail(self, s.error());
+  if (Status s = (*in)->ReadAll(&pairer); !s) return ReportError(self, s.error());
   agg.Finish();
 
   report::KvmReportContext ctx;

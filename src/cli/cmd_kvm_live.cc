@@ -49,11 +49,6 @@ namespace {
 
 using sources::StopSignalScope;
 
-int Failed(const char* self, const Error& e) {
-  std::fprintf(stderr, "%s: %s\n", self, e.message.c_str());
-  return e.code == ErrorCode::kInvalidArgument || e.code == ErrorCode::kNotFound ? 2 : 1;
-}
-
 }  // namespace
 
 int KvmLiveMain(int argc, char** argv) {
@@ -70,9 +65,9 @@ int KvmLiveMain(int argc, char** argv) {
   bool cumulative = false, no_clear = false;
   size_t buffer_kb = 0;
   app.add_option("-d,--delay", interval, "refresh every SECS seconds (default 1)")
-      ->check(CLI::Range(0.05, 86400.0));
+      ->check(kFinitePositive & CLI::Range(0.05, 86400.0));
   app.add_option("--stop-after", stop_after, "stop after SECS seconds (default: Ctrl-C)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kFiniteNonNegative);
   flags.Add(app, "only this VM (VMM process id): also filters in the kernel",
             "list each exit that took at least USEC microseconds (the last 20 are shown)",
             "table | json | csv (json: one document per refresh)");
@@ -104,12 +99,12 @@ int KvmLiveMain(int argc, char** argv) {
 
   StopSignalScope signals;
   auto session = sources::TracefsSession::Open(topts);
-  if (!session) return Failed(self, session.error());
+  if (!session) return ReportError(self, session.error());
   sources::TracefsSession& s = **session;
   auto reader = sources::TracefsPageReader::Open(s);
-  if (!reader) return Failed(self, reader.error());
+  if (!reader) return ReportError(self, reader.error());
   auto tep = sources::TepEvents::Load(s.tracefs_dir(), s.systems());
-  if (!tep) return Failed(self, tep.error());
+  if (!tep) return ReportError(self, tep.error());
 
   const uint64_t tsc_khz = s.clock() == "x86-tsc" ? sources::HostTscKhz() : 0;
   popts.clock = sources::ScaleForClock(s.clock(), tsc_khz);
@@ -143,7 +138,7 @@ int KvmLiveMain(int argc, char** argv) {
   ctx.vcpu = flags.vcpu;
   const bool clear = format == "table" && !no_clear && ::isatty(STDOUT_FILENO);
 
-  if (Status st = s.Start(); !st) return Failed(self, st.error());
+  if (Status st = s.Start(); !st) return ReportError(self, st.error());
   const auto start = std::chrono::steady_clock::now();
   auto next_refresh = start + std::chrono::duration<double>(interval);
   int refresh = 0;
@@ -185,7 +180,7 @@ int KvmLiveMain(int argc, char** argv) {
 
   for (;;) {
     auto n = (*reader)->Poll(sink);
-    if (!n) return Failed(self, n.error());
+    if (!n) return ReportError(self, n.error());
     merger.Flush(false);
     if (StopSignalScope::StopRequested()) break;
     const auto now = std::chrono::steady_clock::now();
@@ -207,7 +202,7 @@ int KvmLiveMain(int argc, char** argv) {
   pairer.Finish();
   render(true);
   (*reader)->Close();
-  if (Status st = s.Close(); !st) return Failed(self, st.error());
+  if (Status st = s.Close(); !st) return ReportError(self, st.error());
   return 0;
 }
 

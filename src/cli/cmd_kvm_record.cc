@@ -43,11 +43,6 @@ using sources::TracefsOptions;
 using sources::TracefsPageReader;
 using sources::TracefsSession;
 
-int Report(const char* self, const Error& e) {
-  std::fprintf(stderr, "%s: %s\n", self, e.message.c_str());
-  return e.code == ErrorCode::kInvalidArgument ? 2 : 1;
-}
-
 // Counts records per event id, for the summary line.
 class CountingSink : public sources::RecordSink {
  public:
@@ -167,7 +162,7 @@ int KvmRecordMain(int argc, char** argv) {
   app.add_option("--duration", duration,
                  "stop after this many seconds (default: Ctrl-C, or "
                  "when CMD exits)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kFiniteNonNegative);
   app.add_option("-p,--pid", pid,
                  "trace only this process (all its threads, and children "
                  "it forks)")
@@ -208,12 +203,12 @@ int KvmRecordMain(int argc, char** argv) {
   Child child;
   if (!cmd.empty()) {
     auto spawned = child.Spawn(cmd);
-    if (!spawned) return Report(self, spawned.error());
+    if (!spawned) return ReportError(self, spawned.error());
     opt.pid = *spawned;
   }
 
   auto session = TracefsSession::Open(opt);
-  if (!session) return Report(self, session.error());
+  if (!session) return ReportError(self, session.error());
   TracefsSession& s = **session;
   if (!clock.empty() && s.clock() != clock) {
     std::fprintf(stderr, "%s: --clock %s: not offered by this kernel (%s/trace_clock)\n", self,
@@ -221,11 +216,11 @@ int KvmRecordMain(int argc, char** argv) {
     return 2;
   }
   auto writer = TraceDatWriter::Create(output, s);
-  if (!writer) return Report(self, writer.error());
+  if (!writer) return ReportError(self, writer.error());
   auto reader = TracefsPageReader::Open(s);
-  if (!reader) return Report(self, reader.error());
+  if (!reader) return ReportError(self, reader.error());
   auto tep = TepEvents::Load(s.tracefs_dir(), s.systems());
-  if (!tep) return Report(self, tep.error());
+  if (!tep) return ReportError(self, tep.error());
   RawPageDecoder decoder(tep->get());
   CountingSink counts;
   auto sink = [&](int cpu, const uint8_t* page, size_t size) -> Status {
@@ -233,7 +228,7 @@ int KvmRecordMain(int argc, char** argv) {
     return (*writer)->AddPage(cpu, page, size);
   };
 
-  if (Status st = s.Start(); !st) return Report(self, st.error());
+  if (Status st = s.Start(); !st) return ReportError(self, st.error());
   const auto start = std::chrono::steady_clock::now();
   if (!cmd.empty()) {
     if (const int e = child.Go(); e != 0) {
@@ -244,7 +239,7 @@ int KvmRecordMain(int argc, char** argv) {
   std::string why = "Ctrl-C";
   for (;;) {
     auto n = (*reader)->Poll(sink);
-    if (!n) return Report(self, n.error());
+    if (!n) return ReportError(self, n.error());
     if (StopSignalScope::StopRequested()) {
       why = fmt::format("signal {}", StopSignalScope::LastSignal());
       break;
@@ -263,15 +258,15 @@ int KvmRecordMain(int argc, char** argv) {
   }
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (Status st = s.Stop(); !st) return Report(self, st.error());
+  if (Status st = s.Stop(); !st) return ReportError(self, st.error());
   for (int idle = 0; idle < 2;) {
     auto n = (*reader)->Poll(sink);
-    if (!n) return Report(self, n.error());
+    if (!n) return ReportError(self, n.error());
     if (*n == 0) ++idle;
   }
-  if (Status st = (*writer)->Finish(s.buffer_dir()); !st) return Report(self, st.error());
+  if (Status st = (*writer)->Finish(s.buffer_dir()); !st) return ReportError(self, st.error());
   (*reader)->Close();
-  if (Status st = s.Close(); !st) return Report(self, st.error());
+  if (Status st = s.Close(); !st) return ReportError(self, st.error());
   if (!cmd.empty() && !child.Exited()) {
     const int sig = StopSignalScope::LastSignal();
     child.Stop(sig ? sig : SIGTERM);

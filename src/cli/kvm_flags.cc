@@ -2,26 +2,19 @@
 
 #include <cstdio>
 
+#include "cli/parse_args.h"
 #include "fmt/format.h"
 
 namespace exitscope::cli {
-namespace {
-
-int Usage(const char* self, const std::string& what) {
-  std::fprintf(stderr, "%s: %s\n", self, what.c_str());
-  return 2;
-}
-
-}  // namespace
 
 void KvmAnalysisFlags::Add(CLI::App& app, const char* pid_help, const char* duration_help,
                            const char* format_help) {
   app.add_option("--event", event, "vmexit | userspace | ioport | mmio | msr | hypercall");
-  app.add_option("--vcpu", vcpu, "only this vCPU");
-  app.add_option("-p,--pid", pid, pid_help);
+  app.add_option("--vcpu", vcpu, "only this vCPU")->check(kNonNegativeInteger);
+  app.add_option("-p,--pid", pid, pid_help)->check(kNonNegativeInteger);
   app.add_option("-k,--key", key,
                  "sort rows by: sample | time | max | min | avg | p50 | p99 | p999");
-  app.add_option("--duration", duration_us, duration_help);
+  app.add_option("--duration", duration_us, duration_help)->check(kFiniteNonNegative);
   app.add_flag("--percentiles", percentiles, "add p50 / p99 / p99.9 columns");
   app.add_flag("--per-vcpu", per_vcpu, "add one table per vCPU");
   app.add_flag("--per-vm", per_vm, "add one table per VM");
@@ -38,35 +31,31 @@ int KvmAnalysisFlags::Apply(const char* self, analysis::KvmAnalysisOptions* a,
                             report::KvmRenderOptions* r, sources::KvmPairerOptions* p,
                             std::unique_ptr<sources::KvmDeviceMap>* devices) const {
   if (!analysis::ParseKvmEventClass(event, &a->event)) {
-    return Usage(self, fmt::format("--event: unknown event '{}' (vmexit, userspace, ioport, "
-                                   "mmio, msr, hypercall)",
-                                   event));
+    return UsageError(self, fmt::format("--event: unknown event '{}' (vmexit, userspace, ioport, "
+                                        "mmio, msr, hypercall)",
+                                        event));
   }
   if (!analysis::ParseKvmSortKey(key, &r->sort)) {
-    return Usage(self, fmt::format("--key: unknown key '{}' (sample, time, max, min, avg, p50, "
-                                   "p99, p999)",
-                                   key));
+    return UsageError(self,
+                      fmt::format("--key: unknown key '{}' (sample, time, max, min, avg, p50, "
+                                  "p99, p999)",
+                                  key));
   }
   if (format != "table" && format != "json" && format != "csv") {
-    return Usage(self, fmt::format("--format: '{}' is not table, json or csv", format));
+    return UsageError(self, fmt::format("--format: '{}' is not table, json or csv", format));
   }
-  if (duration_us < 0) return Usage(self, "--duration: must be >= 0");
   if (pvm_numbering == "upstream") {
     p->pvm = sources::PvmNumbering::kUpstream;
   } else if (pvm_numbering == "fork") {
     p->pvm = sources::PvmNumbering::kFork;
   } else {
-    return Usage(self, fmt::format("--pvm-numbering: '{}' is not upstream or fork", pvm_numbering));
+    return UsageError(self,
+                      fmt::format("--pvm-numbering: '{}' is not upstream or fork", pvm_numbering));
   }
   if (!device_map.empty()) {
     auto m = sources::KvmDeviceMap::Load(device_map);
     if (!m) {
-      std::fprintf(stderr, "%s: --device-map %s\n", self, m.error().message.c_str());
-      const ErrorCode c = m.error().code;
-      return c == ErrorCode::kInternal || c == ErrorCode::kPermission ||
-                     c == ErrorCode::kUnavailable
-                 ? 1
-                 : 2;
+      return ReportError(self, Error{m.error().code, "--device-map " + m.error().message});
     }
     *devices = std::move(*m);
     p->devices = devices->get();

@@ -1,6 +1,8 @@
 // The `exitscope` command: dispatches to one subcommand per layer above the library.
 #include <cstdio>
 #include <cstring>
+#include <exception>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -47,9 +49,10 @@ int Dispatch(const Command& cmd, int argc, char** argv) {
   return cmd.main(static_cast<int>(args.size()), args.data());
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// Runs the command line. Nothing a command throws reaches the C++ runtime: it becomes one
+// line and exit status 1 (a runtime failure: the command's own errors are reported before
+// this, with their own status).
+int Main(int argc, char** argv) {
   if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help")) {
     Usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
@@ -78,4 +81,20 @@ int main(int argc, char** argv) {
     return 2;
   }
   return Dispatch(*c, argc - 2, argv + 2);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* self = argc > 1 ? argv[1] : "";
+  try {
+    return Main(argc, argv);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "exitscope %s: out of memory\n", self);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "exitscope %s: internal error: %s\n", self, e.what());
+  } catch (...) {
+    std::fprintf(stderr, "exitscope %s: internal error: unknown exception\n", self);
+  }
+  return 1;
 }

@@ -1,6 +1,10 @@
 #include "cli/parse_args.h"
 
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 
 namespace exitscope::cli {
 
@@ -16,5 +20,75 @@ std::optional<int> ParseArgs(CLI::App& app, int argc, char** argv) {
   }
   return std::nullopt;
 }
+
+int ExitStatusFor(ErrorCode code) noexcept {
+  switch (code) {
+    case ErrorCode::kOk:
+      return 0;
+    case ErrorCode::kInvalidArgument:
+    case ErrorCode::kAlreadyExists:
+    case ErrorCode::kNotFound:
+    case ErrorCode::kCorrupt:
+    case ErrorCode::kUnsupported:
+      return 2;
+    case ErrorCode::kIo:
+    case ErrorCode::kUnavailable:
+    case ErrorCode::kPermission:
+    case ErrorCode::kInternal:
+      return 1;
+  }
+  return 1;
+}
+
+int ReportError(const char* self, const Error& e) {
+  std::fprintf(stderr, "%s: %s\n", self, e.message.c_str());
+  return ExitStatusFor(e.code);
+}
+
+int UsageError(const char* self, std::string_view what) {
+  std::fprintf(stderr, "%s: %.*s\n", self, static_cast<int>(what.size()), what.data());
+  return 2;
+}
+
+namespace {
+
+// Parses the whole of `s` as a finite double; false on anything else ("nan", "inf", "1e999",
+// "3x", "").
+bool ParseFinite(const std::string& s, double* out) {
+  if (s.empty()) return false;
+  errno = 0;
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (end != s.c_str() + s.size() || errno == ERANGE || !std::isfinite(v)) return false;
+  *out = v;
+  return true;
+}
+
+CLI::Validator FiniteValidator(bool allow_zero) {
+  return CLI::Validator(
+      [allow_zero](std::string& s) -> std::string {
+        double v = 0;
+        if (!ParseFinite(s, &v)) return "'" + s + "' is not a finite number";
+        if (v < 0 || (!allow_zero && v == 0))
+          return "'" + s + "' must be " + (allow_zero ? ">= 0" : "> 0");
+        return {};
+      },
+      allow_zero ? "NUMBER>=0" : "NUMBER>0");
+}
+
+}  // namespace
+
+const CLI::Validator kFiniteNonNegative = FiniteValidator(true);
+const CLI::Validator kFinitePositive = FiniteValidator(false);
+const CLI::Validator kNonNegativeInteger = CLI::Validator(
+    [](std::string& s) -> std::string {
+      if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos)
+        return "'" + s + "' is not a non-negative integer";
+      errno = 0;
+      (void)std::strtoull(s.c_str(), nullptr, 10);
+      if (errno == ERANGE) return "'" + s + "' is too large";
+      return {};
+    },
+    "INTEGER>=0");
 
 }  // namespace exitscope::cli

@@ -1,10 +1,13 @@
-// cli/parse_args.h: how every subcommand parses its flags, so usage errors read the same
-// everywhere (DESIGN.md: one line naming the flag, exit status 2).
+// cli/parse_args.h: how every subcommand parses its flags and reports errors, so usage errors
+// and exit statuses read the same everywhere (DESIGN.md: one line naming the flag or input,
+// exit status 0 ok, 1 runtime failure, 2 bad usage or bad input).
 #pragma once
 
 #include <optional>
+#include <string_view>
 
 #include "CLI/CLI.hpp"
+#include "exitscope/status.h"
 
 namespace exitscope::cli {
 
@@ -12,5 +15,23 @@ namespace exitscope::cli {
 // 0 after --help (printed on stdout), 2 after a usage error (one line
 // "<argv[0]>: <what> (see --help)" on stderr).
 std::optional<int> ParseArgs(CLI::App& app, int argc, char** argv);
+
+// The one mapping from an error to the process exit status: 2 when the user's input or
+// usage is at fault (invalid argument, corrupt / unsupported / missing input, a conflicting
+// registration), 1 for runtime failures (I/O, permission, a facility missing on this host,
+// internal errors).
+int ExitStatusFor(ErrorCode code) noexcept;
+
+// Prints "<self>: <message>" on stderr and returns ExitStatusFor(e.code).
+int ReportError(const char* self, const Error& e);
+// Prints "<self>: <what>" on stderr and returns 2.
+int UsageError(const char* self, std::string_view what);
+
+// Validators for numeric flags. CLI11's own NonNegativeNumber / PositiveNumber let NaN
+// through (every comparison with NaN is false) and unsigned targets wrap "-5" around, so
+// every numeric flag uses one of these: finite, and in range.
+extern const CLI::Validator kFiniteNonNegative;   // 0 <= x < inf
+extern const CLI::Validator kFinitePositive;      // 0 < x < inf
+extern const CLI::Validator kNonNegativeInteger;  // an integer >= 0 (no sign, no fraction)
 
 }  // namespace exitscope::cli

@@ -1,8 +1,12 @@
 #include "sources/kvm_device_map.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <charconv>
-#include <fstream>
-#include <sstream>
+#include <cstring>
 #include <vector>
 
 #include <fmt/format.h>
@@ -35,6 +39,56 @@ std::vector<std::string_view> Words(std::string_view line) {
     i = j;
   }
   return w;
+}
+
+// Opens `path` for reading and checks, before reading anything, that it is a regular file
+// of at most kMaxDeviceMapBytes (a directory, a device node or a FIFO is refused by name).
+Result<int> OpenMapFile(const std::string& path, struct stat* st) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    const int e = errno;
+    return Fail(e == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo,
+                fmt::format("{}: cannot open device map: {}", path, std::strerror(e)));
+  }
+  if (::fstat(fd, st) != 0) {
+    const int e = errno;
+    ::close(fd);
+    return Fail(ErrorCode::kIo,
+                fmt::format("{}: cannot stat device map: {}", path, std::strerror(e)));
+  }
+  if (!S_ISREG(st->st_mode)) {
+    ::close(fd);
+    return Fail(ErrorCode::kInvalidArgument,
+                fmt::format("{}: {}, not a device-map file", path,
+                            S_ISDIR(st->st_mode) ? "is a directory" : "is not a regular file"));
+  }
+  if (static_cast<uint64_t>(st->st_size) > KvmDeviceMap::kMaxDeviceMapBytes) {
+    ::close(fd);
+    return Fail(ErrorCode::kInvalidArgument,
+                fmt::format("{}: {} bytes: a device map is at most {} bytes", path,
+                            static_cast<uint64_t>(st->st_size), KvmDeviceMap::kMaxDeviceMapBytes));
+  }
+  return fd;
+}
+
+// Reads at most `limit` bytes from `fd` (the file may have grown since fstat: never more).
+Result<std::string> ReadBounded(int fd, const std::string& path, size_t limit) {
+  std::string out;
+  char buf[65536];
+  while (true) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Fail(ErrorCode::kIo, fmt::format("{}: read: {}", path, std::strerror(errno)));
+    }
+    if (n == 0) break;
+    if (out.size() + static_cast<size_t>(n) > limit) {
+      return Fail(ErrorCode::kInvalidArgument,
+                  fmt::format("{}: more than {} bytes: a device map is at most that", path, limit));
+    }
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
 }
 
 }  // namespace
@@ -103,12 +157,14 @@ Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::Parse(std::string_view text,
 }
 
 Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::LoadText(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return Fail(ErrorCode::kIo, fmt::format("{}: cannot open device map", path));
-  std::stringstream ss;
-  ss << f.rdbuf();
+  struct stat st {};
+  auto fd = OpenMapFile(path, &st);
+  if (!fd) return std::unexpected(fd.error());
+  auto text = ReadBounded(*fd, path, kMaxDeviceMapBytes);
+  ::close(*fd);
+  if (!text) return std::unexpected(text.error());
   const size_t slash = path.rfind('/');
-  return Parse(ss.str(), path, slash == std::string::npos ? "." : path.substr(0, slash));
+  return Parse(*text, path, slash == std::string::npos ? "." : path.substr(0, slash));
 }
 
 Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::LoadDump(const std::string& path) {
@@ -136,11 +192,14 @@ Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::LoadDump(const std::string& 
 }
 
 Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::Load(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return Fail(ErrorCode::kIo, fmt::format("{}: cannot open device map", path));
+  struct stat st {};
+  auto fd = OpenMapFile(path, &st);
+  if (!fd) return std::unexpected(fd.error());
   char head[8] = {};
-  f.read(head, sizeof(head));
-  const std::string_view h(head, static_cast<size_t>(f.gcount()));
+  const ssize_t got = ::pread(*fd, head, sizeof(head), 0);
+  ::close(*fd);
+  if (got < 0) return Fail(ErrorCode::kIo, fmt::format("{}: read: {}", path, std::strerror(errno)));
+  const std::string_view h(head, static_cast<size_t>(got));
   // A recorder dump starts with its magic ("EXSCDUMP"); anything else is a text map.
   const bool text = h != std::string_view(kDumpMagic, sizeof(kDumpMagic));
   return text ? LoadText(path) : LoadDump(path);

@@ -14,7 +14,9 @@
 //    Numbers are decimal or 0x-hex; `regmap` is a builtin map name (RegisterMap::Builtin:
 //    uart16550, nvme, pci-config, virtio-mmio, virtio-pci-common) or a path to a .map file
 //    (relative paths are taken from the device-map file's folder). A device may own several
-//    ranges (one line each, same name and kind). Errors name "file:line: reason".
+//    ranges (one line each, same name and kind). Errors name "file:line: reason". Only a
+//    regular file of at most kMaxDeviceMapBytes is read: a directory, a FIFO or a device
+//    node is refused before anything is read.
 //
 // Lookups are cached per (space, address, size): a trace touches few distinct addresses, so
 // register names are formatted once and the returned views stay valid for the map's life.
@@ -34,6 +36,9 @@ namespace exitscope::sources {
 
 class KvmDeviceMap final : public KvmDeviceResolver {
  public:
+  // Text device maps larger than this are refused before they are read (a map of a real VM
+  // is a few KiB). Dumps given as maps are bounded by the dump reader.
+  static constexpr uint64_t kMaxDeviceMapBytes = 16u << 20;
   // Parses the text format above.
   static Result<std::unique_ptr<KvmDeviceMap>> Parse(std::string_view text, std::string_view origin,
                                                      const std::string& base_dir = ".");

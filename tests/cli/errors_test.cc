@@ -1,0 +1,156 @@
+// Bad usage and bad input, end to end through build/exitscope: every case gets exactly one
+// line on stderr naming the flag or the input, and the one exit-status mapping of DESIGN.md
+// (0 ok, 1 runtime failure, 2 bad usage or bad input), whichever subcommand it goes through.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kBin = std::string(EXITSCOPE_BINARY_DIR) + "/exitscope";
+const std::string kDat = std::string(EXITSCOPE_TESTDATA_DIR) + "/kvm/pvm-user64-pio-mmio-hlt.dat";
+const std::string kDump = std::string(EXITSCOPE_TESTDATA_DIR) + "/dumps/c-example.esdump";
+
+struct Ran {
+  int status = -1;  // exit status, or -signal
+  std::string out, err;
+};
+
+std::string Drain(int fd) {
+  std::string s;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof buf)) > 0) s.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  return s;
+}
+
+// Runs build/exitscope with `args` (no shell), stdin from /dev/null.
+Ran RunCli(const std::vector<std::string>& args) {
+  int out[2], err[2];
+  EXPECT_EQ(::pipe(out), 0);
+  EXPECT_EQ(::pipe(err), 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int null = ::open("/dev/null", O_RDONLY);
+    ::dup2(null, 0);
+    ::dup2(out[1], 1);
+    ::dup2(err[1], 2);
+    ::close(out[0]);
+    ::close(err[0]);
+    std::vector<char*> argv;
+    argv.push_back(const_cast<char*>(kBin.c_str()));
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(kBin.c_str(), argv.data());
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  ::close(err[1]);
+  Ran r;
+  // stderr is small in every case here; read stdout first, then stderr.
+  r.out = Drain(out[0]);
+  r.err = Drain(err[0]);
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
+  return r;
+}
+
+size_t Lines(const std::string& s) {
+  return static_cast<size_t>(std::count(s.begin(), s.end(), '\n'));
+}
+
+struct Case {
+  std::vector<std::string> args;
+  int status;
+  std::string says;  // a piece of the one stderr line
+};
+
+class CliErrors : public testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(fs::exists(kBin)) << kBin;
+    ASSERT_TRUE(fs::exists(kDat)) << "committed capture missing: " << kDat;
+    ASSERT_TRUE(fs::exists(kDump)) << "committed dump missing: " << kDump;
+    dir_ = fs::path(testing::TempDir()) / ("cli_errors." + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  void Expect(const Case& c) {
+    std::string shown;
+    for (const std::string& a : c.args) shown += " " + a;
+    SCOPED_TRACE("exitscope" + shown);
+    const Ran r = RunCli(c.args);
+    EXPECT_EQ(r.status, c.status) << r.err;
+    EXPECT_EQ(Lines(r.err), 1u) << r.err;
+    EXPECT_NE(r.err.find(c.says), std::string::npos) << r.err;
+  }
+
+  fs::path dir_;
+};
+
+// NaN, infinity, zero where a rate is needed, negative counts: usage errors, never a silent
+// fallback, a wrap-around or "forever".
+TEST_F(CliErrors, NumbersThatAreNotFiniteOrInRangeAreUsageErrors) {
+  const std::string out = (dir_ / "x.dat").string();
+  for (const Case& c : std::vector<Case>{
+           {{"kvm", "report", "-i", kDat, "--tsc-mhz", "nan"}, 2, "--tsc-mhz"},
+           {{"kvm", "report", "-i", kDat, "--tsc-mhz", "inf"}, 2, "--tsc-mhz"},
+           {{"kvm", "report", "-i", kDat, "--tsc-mhz", "0"}, 2, "--tsc-mhz"},
+           {{"kvm", "report", "-i", kDat, "--tsc-mhz", "-5"}, 2, "--tsc-mhz"},
+           {{"kvm", "report", "-i", kDat, "--duration", "nan"}, 2, "--duration"},
+           {{"kvm", "report", "-i", kDat, "--vcpu", "-3"}, 2, "--vcpu"},
+           {{"kvm", "record", "-o", out, "--duration", "nan"}, 2, "--duration"},
+           {{"kvm", "record", "-o", out, "--duration", "-1"}, 2, "--duration"},
+           {{"kvm", "live", "-d", "nan"}, 2, "--delay"},
+           {{"kvm", "live", "--stop-after", "inf"}, 2, "--stop-after"},
+           {{"inspect", kDump, "--rows", "-5"}, 2, "--rows"},
+           {{"inspect", kDump, "--vcpu", "1.5"}, 2, "--vcpu"},
+       }) {
+    Expect(c);
+  }
+  EXPECT_FALSE(fs::exists(out)) << "a refused record must not leave an output file";
+}
+
+TEST_F(CliErrors, ADeviceMapThatIsNotARegularFileIsRefusedByName) {
+  Expect({{"kvm", "report", "-i", kDat, "--device-map", dir_.string()}, 2, "is a directory"});
+  Expect({{"kvm", "report", "-i", kDat, "--device-map", "/dev/zero"}, 2, "not a regular file"});
+  Expect({{"kvm", "report", "-i", kDat, "--device-map", (dir_ / "none").string()}, 2, "none"});
+}
+
+// Corrupt input is bad input (2) in every subcommand; unknown commands are usage errors.
+TEST_F(CliErrors, OneMappingFromErrorToExitStatus) {
+  const std::string junk = (dir_ / "junk.bin").string();
+  std::ofstream(junk) << "this is neither a dump nor a trace\n";
+  Expect({{"inspect", junk}, 2, "junk.bin"});
+  Expect({{"kvm", "report", "-i", junk}, 2, "junk.bin"});
+  Expect({{"kvm", "report", "-i", kDat, "--device-map", junk}, 2, "junk.bin"});
+  Expect({{"inspect", (dir_ / "missing.esdump").string()}, 2, "missing.esdump"});
+  Expect({{"nosuch"}, 2, "unknown command"});
+  Expect({{"kvm", "nosuch"}, 2, "unknown command"});
+  Expect({{"inspect", kDump, "--no-such-flag"}, 2, "--no-such-flag"});
+}
+
+TEST_F(CliErrors, HelpIsNotAnError) {
+  for (const std::vector<std::string>& a : std::vector<std::vector<std::string>>{
+           {"--help"}, {"help", "inspect"}, {"kvm", "report", "--help"}, {"inspect", "--help"}}) {
+    const Ran r = RunCli(a);
+    EXPECT_EQ(r.status, 0) << a[0] << r.err;
+    EXPECT_TRUE(r.err.empty()) << r.err;
+    EXPECT_FALSE(r.out.empty());
+  }
+}
+
+}  // namespace

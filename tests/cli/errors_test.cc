@@ -118,6 +118,9 @@ TEST_F(CliErrors, NumbersThatAreNotFiniteOrInRangeAreUsageErrors) {
            {{"kvm", "live", "--stop-after", "inf"}, 2, "--stop-after"},
            {{"inspect", kDump, "--rows", "-5"}, 2, "--rows"},
            {{"inspect", kDump, "--vcpu", "1.5"}, 2, "--vcpu"},
+           {{"run", "--guest-arg", "-1"}, 2, "--guest-arg"},
+           {{"run", "--duration", "nan"}, 2, "--duration"},
+           {{"run", "--slow", "-20"}, 2, "--slow"},
        }) {
     Expect(c);
   }

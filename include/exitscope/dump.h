@@ -11,10 +11,17 @@
 // cleared and Dump::includes_guest_data is false.
 //
 // ReadDump validates everything (magic, version, section table, per-section CRC32, lengths,
-// indices, enum values) and returns kCorrupt / kUnsupported / kIo with a one-line message such
-// as "x.esdump: truncated at offset 4096: section 'exits' needs 57344 bytes" or
+// section overlap, indices) and returns kCorrupt / kUnsupported / kIo with a one-line message
+// such as "x.esdump: truncated at offset 4096: section 'exits' needs 57344 bytes" or
 // "x.esdump: dump version 3 is newer than this exitscope (max 1)". It never crashes and has no
-// undefined behaviour on any input.
+// undefined behaviour on any input. What is wrong inside one record (an unknown exit kind or
+// direction, a device index out of range, guest data in a dump without it) never makes the
+// whole dump unreadable: the record is kept as far as it is meaningful, and Dump::warnings
+// says what was found and how often. So do implausible values (a NaN clock, counters that
+// cannot be true, strings that are not UTF-8).
+//
+// ReadDump opens only regular files, checks the size with fstat before reading, and reads at
+// most kMaxDumpFileBytes; memory use is about 3x the file's size.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +44,7 @@
 namespace exitscope {
 
 inline constexpr uint32_t kDumpVersion = 1;  // the newest version this code writes and reads
+inline constexpr uint64_t kMaxDumpFileBytes = 4ull << 30;  // ReadDump refuses larger files
 inline constexpr char kDumpMagic[8] = {'E', 'X', 'S', 'C', 'D', 'U', 'M', 'P'};
 
 struct DumpOptions {
@@ -133,6 +141,10 @@ struct Dump {
   DeviceEventCounters device_event_counters;
   std::vector<FindingRecord> findings;  // oldest first
   RecorderCounters counters;
+  // What ReadDump/ParseDump found wrong but could read past, one line each, e.g.
+  // "2 exit records have an unknown kind (first: 99); shown as kind#99". Never written to a
+  // file; empty for a snapshot and for a clean dump.
+  std::vector<std::string> warnings;
 
   // Name of device `index`: "nvme0"; "" for kUnassigned; "#7" if out of range.
   std::string DeviceName(uint32_t index) const;
@@ -152,7 +164,10 @@ struct Dump {
 std::string SerializeDump(const Dump& dump, const DumpOptions& opts = {});
 // Parses and validates bytes; `origin` names the input in messages.
 Result<Dump> ParseDump(std::string_view bytes, std::string_view origin = "dump");
-// Writes `dump` to `path` atomically (temporary file + rename). kIo with errno on failure.
+// Writes `dump` to `path` atomically: a new temporary file in the same directory (O_EXCL,
+// never through a symlink), fsync, rename over `path`. Refuses (kInvalidArgument) when `path`
+// exists and is not a regular file (a device node, FIFO, directory or symlink): a dump never
+// replaces anything else. kIo with errno on failure; the previous file is then untouched.
 Status WriteDumpFile(const Dump& dump, const std::string& path, const DumpOptions& opts = {});
 // Reads and validates a dump file.
 Result<Dump> ReadDump(const std::string& path);

@@ -38,7 +38,8 @@ enum class AccessDir : uint8_t { kNone = 0, kRead = 1, kWrite = 2 };
 // The two address spaces a device range may live in.
 enum class IoSpace : uint8_t { kMmio = 0, kPio = 1 };
 
-// "MMIO", "PIO", "HLT", "SHUTDOWN", "INTR", "HYPERCALL", "MSR", ... ; "UNKNOWN" out of range.
+// "MMIO", "PIO", "HLT", "SHUTDOWN", "INTR", "HYPERCALL", "MSR", ...; a value outside the enum
+// (read from a dump) is "kind#99".
 std::string_view ToString(ExitKind k) noexcept;
 // "read", "write", "none".
 std::string_view ToString(AccessDir d) noexcept;

@@ -150,9 +150,13 @@ ES_EXPORT es_status es_resolve(const es_recorder* rec, es_space space, uint64_t 
                                es_dir dir, char* buf, size_t buf_len);
 
 /* Hot path. `value` is the guest's data for writes; es_end_exit_value records the data
- * returned to the guest for reads. */
-ES_EXPORT void es_begin_exit(es_recorder* rec, uint32_t vcpu, es_exit_kind kind, uint64_t addr,
-                             uint8_t size, es_dir dir, uint64_t value);
+ * returned to the guest for reads.
+ * es_begin_exit returns ES_OK (also for a NULL recorder: a no-op), or ES_EINVAL for a kind outside
+ * ES_EXIT_UNKNOWN..ES_EXIT_OTHER: such an exit is still timed, recorded as ES_EXIT_UNKNOWN
+ * (so the es_end_exit that follows pairs with it), and es_last_error() names the bad kind.
+ * A bad `dir` is recorded as ES_DIR_NONE. */
+ES_EXPORT es_status es_begin_exit(es_recorder* rec, uint32_t vcpu, es_exit_kind kind, uint64_t addr,
+                                  uint8_t size, es_dir dir, uint64_t value);
 ES_EXPORT void es_end_exit(es_recorder* rec, uint32_t vcpu);
 ES_EXPORT void es_end_exit_value(es_recorder* rec, uint32_t vcpu, uint64_t value);
 

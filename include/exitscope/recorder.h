@@ -26,6 +26,9 @@
 // path (out of line): calls the hook, logs one line such as
 //   vCPU 4: exit MMIO write 4B to nvme0.SQ1TDBL (0xfebf1008) took 22.31 s
 // through the log sink (default: stderr) and adds a kSlowExit finding.
+// An exit the watchdog saw stuck logs two lines in all: "stuck in ... (still inside)" while it
+// is stuck, and "... ended after 22.31 s (was stuck)" when it ends; its kSlowExit finding is
+// kept (ring, hook, dump) but not logged a third time.
 #pragma once
 
 #include <atomic>
@@ -91,7 +94,10 @@ struct alignas(64) VcpuSlot {
   std::atomic<uint64_t> cur[kWords];
   std::atomic<uint64_t> exit_no{0};  // number of BeginExit calls so far (identifies a stall)
   std::atomic<uint64_t> stalled{0};  // exit_no of the exit the watchdog reported as stuck
-  uint64_t begins = 0;               // vCPU thread only
+  // exit_no of the last stall whose end finding was claimed (compare-and-swap, by the vCPU's
+  // slow path or by the watchdog, whichever sees the end first; never on the hot path).
+  std::atomic<uint64_t> end_claimed{0};
+  uint64_t begins = 0;  // vCPU thread only
 };
 }  // namespace internal
 
@@ -247,7 +253,10 @@ class Recorder {
                             std::string_view note) noexcept;
   void BeginWithoutEnd(uint32_t vcpu, uint64_t now) noexcept;
   void EndWithoutBegin() noexcept;
-  void SlowPath(const ExitRecord& r, bool stalled) noexcept;
+  // `stalled_exit_no`: the exit's number when the watchdog had reported it stuck, else 0.
+  void SlowPath(const ExitRecord& r, uint64_t stalled_exit_no) noexcept;
+  // Keeps `f` in the findings ring, calls the finding hook, and logs its line if `log`.
+  void AddFinding(FindingRecord f, bool log);
 
   void EndExitImpl(uint32_t vcpu, uint64_t value, bool has_value) noexcept {
     if (__builtin_expect(vcpu >= num_vcpus_, 0)) return CountBadVcpu();
@@ -280,7 +289,7 @@ class Recorder {
     if (__builtin_expect((flags & (kExitFlagSlow | kExitFlagStalled)) != 0, 0)) {
       ExitRecord r;
       __builtin_memcpy(&r, w, sizeof r);
-      SlowPath(r, stalled);
+      SlowPath(r, stalled ? v.begins : 0);
     }
   }
 

@@ -91,7 +91,9 @@ class InflightIoTable {
 
  private:
   struct Slot {
-    std::atomic<uint32_t> state{0};  // 0 free, 1 claimed, 2 live, 3 live+reported
+    // (generation << 2) | phase; phase 0 free, 1 claimed, 2 live, 3 live+reported. The
+    // generation grows with every claim, so a stale compare-and-swap always fails (rings.cc).
+    std::atomic<uint64_t> state{0};
     std::atomic<uint32_t> device{0};
     std::atomic<uint64_t> io_id{0};
     std::atomic<uint64_t> start{0};

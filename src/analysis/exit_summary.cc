@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <cinttypes>
+#include <compare>
 #include <cstdio>
 #include <map>
 #include <memory>
-#include <unordered_map>
 
 namespace exitscope::analysis {
 namespace {
@@ -39,6 +39,20 @@ class Grouper {
  private:
   std::map<std::string, std::unique_ptr<LatencyStats>> groups_;
 };
+
+// One distinct access, compared field by field.
+struct AccessKey {
+  uint32_t device;
+  uint64_t addr;
+  uint8_t size;
+  AccessDir dir;
+  ExitKind kind;
+  auto operator<=>(const AccessKey&) const = default;
+};
+
+void AddSat(uint64_t& sum, uint64_t v) {
+  if (__builtin_add_overflow(sum, v, &sum)) sum = UINT64_MAX;
+}
 
 bool HasTarget(const DumpExit& e) {
   return e.kind == ExitKind::kMmio || e.kind == ExitKind::kPio;
@@ -82,23 +96,27 @@ ExitSummary Summarize(const Dump& dump, const SummaryFilter& filter) {
     if (filter.vcpu && e.vcpu != *filter.vcpu) return false;
     return passes_device(e.device);
   };
-  // Register keys are cached per (device, addr, size, dir): exits repeat the same few accesses.
-  std::unordered_map<uint64_t, std::string> reg_keys;
+  // Register keys are cached per access (device, addr, size, dir, kind), keyed by value: exits
+  // repeat the same few accesses, and no two different accesses may share a key.
+  std::map<AccessKey, std::string> reg_keys;
   std::map<std::string, uint64_t> counters;
 
   bool first = true;
   for (const DumpVcpu& v : dump.vcpus) {
     if (filter.vcpu && v.vcpu != *filter.vcpu) continue;
-    s.losses.exits_written += v.counters.written;
-    s.losses.exits_overwritten += v.counters.overwritten;
-    s.losses.exits_skipped += v.counters.skipped;
-    for (const auto& [name, value] : v.named_counters) counters[name] += value;
+    // Counters come from the file: a sum saturates at 2^64-1 instead of wrapping.
+    AddSat(s.losses.exits_written, v.counters.written);
+    AddSat(s.losses.exits_overwritten, v.counters.overwritten);
+    AddSat(s.losses.exits_skipped, v.counters.skipped);
+    for (const auto& [name, value] : v.named_counters) AddSat(counters[name], value);
     for (const DumpExit& e : v.exits) {
       if (!passes(e)) continue;
       ++s.exits;
-      s.total_ns += e.duration_ns;
+      AddSat(s.total_ns, e.duration_ns);
       if (first || e.start_ns < s.first_ns) s.first_ns = e.start_ns;
-      s.last_ns = std::max(s.last_ns, e.start_ns + e.duration_ns);
+      uint64_t end = e.start_ns;
+      AddSat(end, e.duration_ns);
+      s.last_ns = std::max(s.last_ns, end);
       first = false;
       s.all.Add(e.duration_ns);
       kinds[std::string(ToString(e.kind))].Add(e.duration_ns);
@@ -106,8 +124,7 @@ ExitSummary Summarize(const Dump& dump, const SummaryFilter& filter) {
       if (HasTarget(e)) {
         devices[e.device == kUnassigned ? "unassigned" : dump.DeviceName(e.device)].Add(
             e.duration_ns);
-        const uint64_t ck = (e.addr << 8) ^ (uint64_t{e.size} << 2) ^ static_cast<uint64_t>(e.dir) ^
-                            (uint64_t{e.device} << 40) ^ (static_cast<uint64_t>(e.kind) << 60);
+        const AccessKey ck{e.device, e.addr, e.size, e.dir, e.kind};
         auto it = reg_keys.find(ck);
         if (it == reg_keys.end()) {
           it = reg_keys.emplace(ck, ExitTarget(dump, e) + " " + std::string(ToString(e.dir))).first;

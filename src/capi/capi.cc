@@ -80,6 +80,16 @@ es_status Guard(F&& f) noexcept {
   }
 }
 
+// Out of line: the error path of es_begin_exit builds a message (and may allocate).
+[[gnu::noinline, gnu::cold]] es_status BadKind(long long raw) noexcept {
+  try {
+    return SetError(ES_EINVAL, "es_begin_exit: exit kind " + std::to_string(raw) +
+                                   " is unknown (0..12); recorded as ES_EXIT_UNKNOWN");
+  } catch (...) {
+    return ES_EINVAL;
+  }
+}
+
 bool ValidSpace(es_space s) {
   return s == ES_SPACE_MMIO || s == ES_SPACE_PIO;
 }
@@ -254,11 +264,17 @@ es_status es_resolve(const es_recorder* rec, es_space space, uint64_t addr, uint
   });
 }
 
-void es_begin_exit(es_recorder* rec, uint32_t vcpu, es_exit_kind kind, uint64_t addr, uint8_t size,
-                   es_dir dir, uint64_t value) {
-  if (rec == nullptr) return;
-  rec->rec->BeginExit(vcpu, static_cast<exitscope::ExitKind>(kind), addr, size,
-                      ValidDir(dir) ? ToDir(dir) : exitscope::AccessDir::kNone, value);
+es_status es_begin_exit(es_recorder* rec, uint32_t vcpu, es_exit_kind kind, uint64_t addr,
+                        uint8_t size, es_dir dir, uint64_t value) {
+  if (rec == nullptr) return ES_OK;  // recording switched off: a no-op
+  // The enum's value is checked before any narrowing: 257 must not become 1 (MMIO).
+  const auto raw = static_cast<long long>(kind);
+  const bool known = raw >= 0 && raw < exitscope::kExitKindCount;
+  rec->rec->BeginExit(vcpu,
+                      known ? static_cast<exitscope::ExitKind>(raw) : exitscope::ExitKind::kUnknown,
+                      addr, size, ValidDir(dir) ? ToDir(dir) : exitscope::AccessDir::kNone, value);
+  if (__builtin_expect(known, 1)) return ES_OK;
+  return BadKind(raw);
 }
 
 void es_end_exit(es_recorder* rec, uint32_t vcpu) {

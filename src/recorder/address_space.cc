@@ -62,8 +62,10 @@ Resolution AddressSpace::LookupAt(uint32_t generation, IoSpace space, uint64_t a
 
 Status AddressSpace::Publish(std::unique_ptr<internal::AddressTable> next) {
   next->generation = static_cast<uint32_t>(tables_.size());
-  table_.store(next.get(), std::memory_order_release);
+  // Take ownership first: push_back may throw (bad_alloc), and a table published before it is
+  // owned would be freed under the readers. Only an owned table is ever made visible.
   tables_.push_back(std::move(next));
+  table_.store(tables_.back().get(), std::memory_order_release);
   return {};
 }
 

@@ -164,7 +164,16 @@ constexpr std::string_view kKindNames[kExitKindCount] = {
 
 std::string_view ToString(ExitKind k) noexcept {
   const auto i = static_cast<unsigned>(k);
-  return i < kExitKindCount ? kKindNames[i] : "UNKNOWN";
+  if (i < kExitKindCount) return kKindNames[i];
+  // A value no ExitKind has (a dump from a buggy or newer writer): "kind#99", so that it is
+  // shown as itself and never merged with a real kind.
+  static const struct Names {
+    char s[256][9];
+    Names() {
+      for (unsigned n = 0; n < 256; ++n) std::snprintf(s[n], sizeof s[n], "kind#%u", n);
+    }
+  } names;
+  return names.s[i & 0xff];
 }
 
 std::string_view ToString(AccessDir d) noexcept {

@@ -166,7 +166,7 @@ void Recorder::BeginWithoutEnd(uint32_t vcpu, uint64_t now) noexcept {
   if (stalled) r.flags |= kExitFlagStalled;
   if (r.duration_ticks >= slow_ticks_.load(std::memory_order_relaxed)) r.flags |= kExitFlagSlow;
   rings_.ring(vcpu).Write(r);
-  if ((r.flags & (kExitFlagSlow | kExitFlagStalled)) != 0) SlowPath(r, stalled);
+  if ((r.flags & (kExitFlagSlow | kExitFlagStalled)) != 0) SlowPath(r, stalled ? v.begins : 0);
 }
 
 namespace {
@@ -222,7 +222,23 @@ void Recorder::Resolve(ExitRecord* r) const noexcept {
   r->flags &= static_cast<uint8_t>(~kExitFlagUnresolved);
 }
 
-void Recorder::SlowPath(const ExitRecord& unresolved, bool stalled) noexcept {
+namespace {
+// Claims the right to emit the end finding of stall `exit_no` (one end per stall, whoever sees
+// the end first: the vCPU's slow path or the watchdog). Claims only grow.
+bool ClaimStallEnd(internal::VcpuSlot& v, uint64_t exit_no) noexcept {
+  uint64_t seen = v.end_claimed.load(std::memory_order_relaxed);
+  while (seen < exit_no) {
+    if (v.end_claimed.compare_exchange_weak(seen, exit_no, std::memory_order_acq_rel)) return true;
+  }
+  return false;
+}
+
+std::string StallEndLine(const std::string& prefix, uint64_t ns) {
+  return prefix + " ended after " + FormatDurationNs(ns) + " (was stuck)";
+}
+}  // namespace
+
+void Recorder::SlowPath(const ExitRecord& unresolved, uint64_t stalled_exit_no) noexcept {
   ExitRecord r = unresolved;
   Resolve(&r);
   try {
@@ -230,11 +246,12 @@ void Recorder::SlowPath(const ExitRecord& unresolved, bool stalled) noexcept {
     const uint64_t now_ns = Clock::MonotonicNs();
     const std::string prefix = ExitLinePrefix(*this, r);
     FindingRecord f = ExitFinding(r, FindingType::kSlowExit, now_ns, ns);
-    if (stalled) {
+    const bool stalled = stalled_exit_no != 0;
+    if (stalled && ClaimStallEnd(slots_[r.vcpu], stalled_exit_no)) {
       FindingRecord end = f;
       end.type = FindingType::kStuckExitEnd;
-      end.text = prefix + " ended after " + FormatDurationNs(ns) + " (was stuck)";
-      AddFinding(std::move(end));
+      end.text = StallEndLine(prefix, ns);
+      AddFinding(std::move(end), true);
     }
     if ((r.flags & kExitFlagSlow) != 0) {
       impl_->slow_exits.fetch_add(1, std::memory_order_relaxed);
@@ -252,17 +269,9 @@ void Recorder::SlowPath(const ExitRecord& unresolved, bool stalled) noexcept {
       s.line = prefix + " took " + FormatDurationNs(ns);
       f.text = s.line;
       if (hook) hook(s);
-      // The finding is logged by AddFinding unless the policy turned logging off.
-      if (log) {
-        AddFinding(std::move(f));
-      } else {
-        std::lock_guard<std::mutex> lock(impl_->mu);
-        if (impl_->findings.size() >= impl_->options.findings) {
-          impl_->findings.pop_front();
-          ++impl_->findings_dropped;
-        }
-        impl_->findings.push_back(std::move(f));
-      }
+      // A stuck exit has logged "stuck" and "ended after" (with the total): the slow-exit
+      // finding is kept and reaches the hook, but is not logged a third time.
+      AddFinding(std::move(f), log && !stalled);
     }
   } catch (...) {
     // Out of memory in the slow path: the record is already in the ring; drop the report.
@@ -270,6 +279,10 @@ void Recorder::SlowPath(const ExitRecord& unresolved, bool stalled) noexcept {
 }
 
 void Recorder::AddFinding(FindingRecord f) {
+  AddFinding(std::move(f), true);
+}
+
+void Recorder::AddFinding(FindingRecord f, bool log) {
   FindingHook hook;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
@@ -280,7 +293,7 @@ void Recorder::AddFinding(FindingRecord f) {
     }
     impl_->findings.push_back(f);
   }
-  Log(f.text);
+  if (log) Log(f.text);
   if (hook) hook(f);
 }
 
@@ -449,40 +462,94 @@ class Watchdog {
     poll = std::max<uint64_t>(poll, 1'000'000);
     const uint64_t stuck_ticks = rec->clock_.NsToTicks(o.stuck_exit_ns);
     const uint64_t io_ticks = rec->clock_.NsToTicks(o.io_age_ns);
-    std::vector<uint64_t> reported(rec->num_vcpus_, 0);
+    std::vector<Stall> stalls(rec->num_vcpus_);
     std::vector<InflightIoTable::Entry> aged;
     std::unique_lock<std::mutex> lock(im.wd_mu);
     while (!im.wd_stop) {
       im.wd_cv.wait_for(lock, std::chrono::nanoseconds(poll));
       if (im.wd_stop) break;
       lock.unlock();
-      Poll(rec, stuck_ticks, io_ticks, &reported, &aged);
+      Poll(rec, stuck_ticks, io_ticks, &stalls, &aged);
       lock.lock();
     }
+    lock.unlock();
+    // Stalls that ended since the last poll still get their end finding.
+    for (uint32_t v = 0; v < rec->num_vcpus_; ++v) EndStall(rec, v, &stalls[v]);
   }
 
  private:
+  // The exit a vCPU was reported stuck in, until its end finding is out.
+  struct Stall {
+    uint64_t exit_no = 0;  // 0: none pending
+    ExitRecord record;     // resolved, as reported
+  };
+
+  // If the stalled exit has ended and the vCPU did not claim its end finding (it ended before
+  // it could see the stall flag), emits the end finding here, with the duration from the ring.
+  static void EndStall(Recorder* rec, uint32_t v, Stall* stall) {
+    if (stall->exit_no == 0) return;
+    internal::VcpuSlot& slot = rec->slots_[v];
+    ExitRecord cur;
+    uint64_t no = 0;
+    if (ReadCurrent(slot, &cur, &no) && no == stall->exit_no) return;  // still inside
+    if (slot.exit_no.load(std::memory_order_relaxed) == stall->exit_no &&
+        slot.cur[0].load(std::memory_order_relaxed) != 0) {
+      return;  // the seqlock was busy: look again next poll
+    }
+    if (slot.end_claimed.load(std::memory_order_acquire) >= stall->exit_no) {
+      stall->exit_no = 0;  // the vCPU emitted it
+      return;
+    }
+    // The vCPU clears its slot just before it appends the record: find the record first.
+    const ExitRecord& r = stall->record;
+    uint64_t ticks = 0;
+    bool found = false, newer = false;
+    std::vector<ExitRecord> recent;
+    rec->rings_.ring(v).SnapshotNewest(64, &recent);
+    for (auto it = recent.rbegin(); it != recent.rend() && !found; ++it) {
+      found = it->start_ticks == r.start_ticks;
+      if (found) ticks = it->duration_ticks;
+      newer = newer || it->start_ticks > r.start_ticks;
+    }
+    if (!found && !newer) return;  // not appended yet: look again next poll
+    const uint64_t exit_no = stall->exit_no;
+    stall->exit_no = 0;
+    if (!ClaimStallEnd(slot, exit_no)) return;  // the vCPU emitted it
+    const uint64_t ns = rec->clock_.TicksToNs(ticks);
+    FindingRecord f = ExitFinding(r, FindingType::kStuckExitEnd, Clock::MonotonicNs(), ns);
+    f.vcpu = v;
+    f.text = StallEndLine("vCPU " + std::to_string(v) + ": " + ExitDescription(*rec, r), ns);
+    if (!found) f.text += " (duration no longer in the ring)";
+    rec->AddFinding(std::move(f), true);
+  }
+
   static void Poll(Recorder* rec, uint64_t stuck_ticks, uint64_t io_ticks,
-                   std::vector<uint64_t>* reported, std::vector<InflightIoTable::Entry>* aged) {
+                   std::vector<Stall>* stalls, std::vector<InflightIoTable::Entry>* aged) {
     const Clock& clock = rec->clock_;
     for (uint32_t v = 0; v < rec->num_vcpus_; ++v) {
       internal::VcpuSlot& slot = rec->slots_[v];
+      Stall& stall = (*stalls)[v];
+      EndStall(rec, v, &stall);
       ExitRecord r;
       uint64_t no = 0;
       if (!ReadCurrent(slot, &r, &no)) continue;
-      if (no == (*reported)[v]) continue;
+      if (no == stall.exit_no || no <= slot.stalled.load(std::memory_order_relaxed)) continue;
       const uint64_t now = clock.Now();
       const uint64_t elapsed = now > r.start_ticks ? now - r.start_ticks : 0;
       if (elapsed < stuck_ticks) continue;
       rec->Resolve(&r);
-      (*reported)[v] = no;
-      slot.stalled.store(no, std::memory_order_relaxed);
       FindingRecord f = ExitFinding(r, FindingType::kStuckExitBegin, Clock::MonotonicNs(),
                                     clock.TicksToNs(elapsed));
       f.vcpu = v;
       f.text = "vCPU " + std::to_string(v) + ": stuck in " + ExitDescription(*rec, r) + " for " +
                FormatDurationNs(f.duration_ns) + " (still inside)";
-      rec->AddFinding(std::move(f));
+      // The begin finding goes out before the flag is set, so an end finding (from the vCPU,
+      // which acts on the flag, or from EndStall) always follows it. If the exit ends before
+      // the vCPU can see the flag, the next poll's EndStall emits the end.
+      rec->AddFinding(std::move(f), true);
+      stall.exit_no = no;
+      stall.record = r;
+      slot.stalled.store(no, std::memory_order_release);
     }
     if (io_ticks == 0) return;
     const uint64_t now = clock.Now();
@@ -728,6 +795,14 @@ Status Recorder::InstallDumpSignal(int signo, std::string directory, DumpOptions
   if (signo <= 0 || signo >= NSIG || signo == SIGKILL || signo == SIGSTOP) {
     return Fail(ErrorCode::kInvalidArgument,
                 "signal " + std::to_string(signo) + " cannot be used to request dumps");
+  }
+  // Synchronous fault signals: the kernel raises them on the faulting instruction, and a
+  // handler that returns re-executes it (a loop, or a lost crash). Never ours to take.
+  if (signo == SIGSEGV || signo == SIGBUS || signo == SIGFPE || signo == SIGILL ||
+      signo == SIGTRAP || signo == SIGSYS || signo == SIGABRT) {
+    return Fail(ErrorCode::kInvalidArgument,
+                "signal " + std::to_string(signo) + " (" + strsignal(signo) +
+                    ") is a synchronous fault signal; use e.g. SIGUSR1 to request dumps");
   }
   struct stat st;
   if (stat(directory.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {

@@ -156,17 +156,33 @@ InflightIoTable::InflightIoTable(uint32_t capacity)
     : mask_(static_cast<uint32_t>(RoundUpPow2(capacity, kProbe) - 1)),
       slots_(new Slot[mask_ + 1]) {}
 
+// Slot state word: (generation << 2) | phase. Every claim of a free slot bumps the generation,
+// so a compare-and-swap that expects (g, phase) fails if the slot was freed and reused since
+// the state was read (no ABA). Fields are written only in phase kClaimed, with release stores,
+// and read with acquire loads: a reader that sees a field of a newer generation therefore
+// also sees that generation's claim, and its compare-and-swap fails.
+namespace {
+constexpr uint64_t kFree = 0, kClaimed = 1, kLive = 2, kReported = 3;
+constexpr uint64_t Phase(uint64_t st) {
+  return st & 3;
+}
+constexpr uint64_t WithPhase(uint64_t st, uint64_t phase) {
+  return (st & ~uint64_t{3}) | phase;
+}
+}  // namespace
+
 void InflightIoTable::Submit(uint32_t device, uint64_t io_id, uint64_t now_ticks) noexcept {
   const uint64_t h = Mix(io_id ^ (static_cast<uint64_t>(device) << 40) ^ device);
   for (int i = 0; i < kProbe; ++i) {
     Slot& s = slots_[(h + static_cast<uint64_t>(i)) & mask_];
-    uint32_t expected = 0;
-    if (s.state.load(std::memory_order_relaxed) != 0) continue;
-    if (!s.state.compare_exchange_strong(expected, 1, std::memory_order_acquire)) continue;
-    s.device.store(device, std::memory_order_relaxed);
-    s.io_id.store(io_id, std::memory_order_relaxed);
-    s.start.store(now_ticks, std::memory_order_relaxed);
-    s.state.store(2, std::memory_order_release);
+    uint64_t st = s.state.load(std::memory_order_relaxed);
+    if (Phase(st) != kFree) continue;
+    const uint64_t claimed = ((st >> 2) + 1) << 2 | kClaimed;
+    if (!s.state.compare_exchange_strong(st, claimed, std::memory_order_acquire)) continue;
+    s.device.store(device, std::memory_order_release);
+    s.io_id.store(io_id, std::memory_order_release);
+    s.start.store(now_ticks, std::memory_order_release);
+    s.state.store(WithPhase(claimed, kLive), std::memory_order_release);
     return;
   }
   overflow_.fetch_add(1, std::memory_order_relaxed);
@@ -176,13 +192,15 @@ void InflightIoTable::Complete(uint32_t device, uint64_t io_id) noexcept {
   const uint64_t h = Mix(io_id ^ (static_cast<uint64_t>(device) << 40) ^ device);
   for (int i = 0; i < kProbe; ++i) {
     Slot& s = slots_[(h + static_cast<uint64_t>(i)) & mask_];
-    uint32_t st = s.state.load(std::memory_order_acquire);
-    while (st == 2 || st == 3) {
-      if (s.device.load(std::memory_order_relaxed) != device ||
-          s.io_id.load(std::memory_order_relaxed) != io_id) {
+    uint64_t st = s.state.load(std::memory_order_acquire);
+    while (Phase(st) == kLive || Phase(st) == kReported) {
+      if (s.device.load(std::memory_order_acquire) != device ||
+          s.io_id.load(std::memory_order_acquire) != io_id) {
         break;
       }
-      if (s.state.compare_exchange_weak(st, 0, std::memory_order_acq_rel)) return;
+      if (s.state.compare_exchange_weak(st, WithPhase(st, kFree), std::memory_order_acq_rel)) {
+        return;
+      }
     }
   }
   untracked_.fetch_add(1, std::memory_order_relaxed);
@@ -191,16 +209,15 @@ void InflightIoTable::Complete(uint32_t device, uint64_t io_id) noexcept {
 void InflightIoTable::CollectAged(uint64_t older_than_ticks, std::vector<Entry>* out) noexcept {
   for (uint32_t i = 0; i <= mask_; ++i) {
     Slot& s = slots_[i];
-    uint32_t st = s.state.load(std::memory_order_acquire);
-    if (st != 2) continue;
-    if (s.start.load(std::memory_order_relaxed) > older_than_ticks) continue;
-    if (!s.state.compare_exchange_strong(st, 3, std::memory_order_acq_rel)) continue;
-    Entry e{s.device.load(std::memory_order_relaxed), s.io_id.load(std::memory_order_relaxed),
-            s.start.load(std::memory_order_relaxed), i};
-    if (e.start_ticks > older_than_ticks) {  // slot reused between the checks: not aged
-      uint32_t three = 3;
-      s.state.compare_exchange_strong(three, 2, std::memory_order_acq_rel);
-      continue;
+    uint64_t st = s.state.load(std::memory_order_acquire);
+    if (Phase(st) != kLive) continue;
+    // Read the fields first, then claim the report: the compare-and-swap succeeds only if the
+    // slot still holds the same generation, so the fields read belong to the I/O reported.
+    const Entry e{s.device.load(std::memory_order_acquire), s.io_id.load(std::memory_order_acquire),
+                  s.start.load(std::memory_order_acquire), i};
+    if (e.start_ticks > older_than_ticks) continue;
+    if (!s.state.compare_exchange_strong(st, WithPhase(st, kReported), std::memory_order_acq_rel)) {
+      continue;  // completed or reused meanwhile: a later poll looks again
     }
     try {
       out->push_back(e);
@@ -213,8 +230,8 @@ void InflightIoTable::CollectAged(uint64_t older_than_ticks, std::vector<Entry>*
 uint64_t InflightIoTable::in_flight() const noexcept {
   uint64_t n = 0;
   for (uint32_t i = 0; i <= mask_; ++i) {
-    const uint32_t st = slots_[i].state.load(std::memory_order_relaxed);
-    n += (st == 2 || st == 3) ? 1 : 0;
+    const uint64_t st = slots_[i].state.load(std::memory_order_relaxed);
+    n += (Phase(st) == kLive || Phase(st) == kReported) ? 1 : 0;
   }
   return n;
 }

@@ -61,6 +61,7 @@ std::string RenderTable(const Dump& d, const ExitSummary& s, const ExitHealthOpt
                   FormatDuration(d.slow_exit_threshold_ns), d.watchdog_running ? "on" : "off",
                   FormatDuration(d.watchdog.stuck_exit_ns), FormatDuration(d.watchdog.io_age_ns));
   out += fmt::format("  guest data {}\n", d.includes_guest_data ? "INCLUDED" : "not included");
+  for (const std::string& w : d.warnings) out += fmt::format("  warning   {}\n", w);
   if (o.filter.vcpu || o.filter.device) {
     out += "  filter   ";
     if (o.filter.vcpu) out += fmt::format(" vCPU {}", *o.filter.vcpu);
@@ -212,7 +213,10 @@ std::string RenderJson(const Dump& d, const ExitSummary& s, const ExitHealthOpti
                  {"end_without_begin", l.end_without_begin},
                  {"begin_without_end", l.begin_without_end},
                  {"io_inflight_overflow", l.io_inflight_overflow}};
-  return j.dump(2) + "\n";
+  j["warnings"] = d.warnings;
+  // Strings from the dump (argv, comm, attributes, notes, file names) may hold any bytes:
+  // invalid UTF-8 is replaced by U+FFFD instead of aborting (the reader warns about it).
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace

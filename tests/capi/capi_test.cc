@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include <signal.h>
 #include <unistd.h>
 
 namespace {
@@ -161,6 +162,66 @@ TEST_F(CApiTest, AttributesCountersAndWatchdog) {
   EXPECT_EQ(es_watchdog_start(rec_, 1'000'000, 0), ES_OK);
   es_watchdog_stop(rec_);
   EXPECT_EQ(es_install_dump_signal(rec_, 0, "/tmp"), ES_EINVAL);
+}
+
+// An exit kind outside the enum is refused at the C boundary (ES_EINVAL, message naming it),
+// still timed as ES_EXIT_UNKNOWN so that the next es_end_exit pairs with it; the dump stays
+// readable. 257 must not become MMIO (its low byte is 1).
+TEST_F(CApiTest, UnknownExitKindsAreRefusedAndTheDumpStaysReadable) {
+  EXPECT_EQ(es_begin_exit(rec_, 0, static_cast<es_exit_kind>(99), 0x1234, 4, ES_DIR_READ, 0),
+            ES_EINVAL);
+  EXPECT_NE(std::string(es_last_error()).find("exit kind 99 is unknown"), std::string::npos)
+      << es_last_error();
+  es_end_exit(rec_, 0);
+  EXPECT_EQ(es_begin_exit(rec_, 1, static_cast<es_exit_kind>(257), 0xfebf1008, 4, ES_DIR_WRITE, 0),
+            ES_EINVAL);
+  es_end_exit(rec_, 1);
+  EXPECT_EQ(es_begin_exit(rec_, 1, static_cast<es_exit_kind>(-1), 0, 0, ES_DIR_NONE, 0), ES_EINVAL);
+  es_end_exit(rec_, 1);
+  EXPECT_EQ(es_begin_exit(rec_, 0, ES_EXIT_HLT, 0, 0, ES_DIR_NONE, 0), ES_OK);
+  es_end_exit(rec_, 0);
+  es_counters c;
+  ASSERT_EQ(es_get_counters(rec_, &c), ES_OK);
+  EXPECT_EQ(c.exits_written, 4u);
+  EXPECT_EQ(c.end_without_begin, 0u);
+  const std::string path = TempPath("kinds.esdump");
+  ASSERT_EQ(es_write_dump(rec_, path.c_str(), 0), ES_OK) << es_last_error();
+  EXPECT_EQ(es_check_dump(path.c_str()), ES_OK) << es_last_error();
+  std::remove(path.c_str());
+}
+
+// Dumps written by the old C API with kind 99 (testdata/crashes/README.md) are readable.
+TEST(CApiRegression, DumpsWithAnUnknownKindAreReadable) {
+  for (const char* f : {"capi-kind99.esdump", "capi-kind99-in-progress.esdump"}) {
+    const std::string path = std::string(EXITSCOPE_TESTDATA_DIR) + "/crashes/" + f;
+    EXPECT_EQ(es_check_dump(path.c_str()), ES_OK) << path << ": " << es_last_error();
+  }
+}
+
+TEST_F(CApiTest, SynchronousFaultSignalsAreRefusedForDumps) {
+  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGKILL, SIGSTOP, SIGTRAP, SIGSYS}) {
+    EXPECT_EQ(es_install_dump_signal(rec_, sig, "/tmp"), ES_EINVAL) << "signal " << sig;
+  }
+  EXPECT_EQ(es_install_dump_signal(rec_, SIGUSR2, "/tmp"), ES_OK) << es_last_error();
+}
+
+// A register-map file is size-checked before it is read: a device node is refused at once
+// instead of being read without limit.
+TEST_F(CApiTest, RangeFileRefusesDevicesAndHugeFiles) {
+  uint32_t dev = 0;
+  ASSERT_EQ(es_add_device(rec_, "dev0", "x", &dev), ES_OK);
+  EXPECT_EQ(es_add_range_file(rec_, ES_SPACE_MMIO, 0x1000, 0x1000, dev, "/dev/zero"), ES_EINVAL);
+  EXPECT_NE(std::string(es_last_error()).find("not a regular file"), std::string::npos)
+      << es_last_error();
+  const std::string big = TempPath("big.map");
+  {
+    std::ofstream out(big, std::ios::binary);
+    out.seekp((16 << 20) + 10);
+    out.put('\n');
+  }
+  EXPECT_EQ(es_add_range_file(rec_, ES_SPACE_MMIO, 0x1000, 0x1000, dev, big.c_str()), ES_EINVAL);
+  EXPECT_NE(std::string(es_last_error()).find("too large"), std::string::npos) << es_last_error();
+  std::remove(big.c_str());
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "sources/kvm_input.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,10 +13,35 @@ namespace exitscope::sources {
 
 Result<std::unique_ptr<KvmInput>> KvmInput::Open(const std::string& path,
                                                  const KvmInputOptions& options) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (path == "-") {
+    return Fail(ErrorCode::kInvalidArgument,
+                fmt::format("{}: reading a trace from standard input is not supported (streams "
+                            "are not supported: save it to a file and pass its path)",
+                            path));
+  }
+  // O_NONBLOCK: opening a FIFO must not wait for a writer.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     return Fail(errno == ENOENT ? ErrorCode::kInvalidArgument : ErrorCode::kIo,
                 fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return Fail(ErrorCode::kIo, fmt::format("{}: cannot stat: {}", path, std::strerror(err)));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    return Fail(ErrorCode::kInvalidArgument,
+                fmt::format("{}: is a directory, not a trace file", path));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Fail(ErrorCode::kInvalidArgument,
+                fmt::format("{}: not a regular file: streams (pipes, FIFOs, devices, sockets) "
+                            "are not supported: save the trace to a file first",
+                            path));
   }
   char head[16] = {};
   const ssize_t n = ::pread(fd, head, sizeof(head), 0);

@@ -1,14 +1,22 @@
-// sources/tracecmd_dat.h: reads kvm records from a trace-cmd .dat file through libtracecmd.
+// sources/tracecmd_dat.h: reads kvm records from a trace-cmd .dat file (versions 6 and 7,
+// uncompressed or compressed with zstd or zlib, one or many buffers).
 //
-//   auto dat = TraceCmdDat::Open("trace.dat");          // validates header and CPU sections
+//   auto dat = TraceCmdDat::Open("trace.dat");          // validates the whole layout
 //   if (!dat) { puts(dat.error().message.c_str()); }     // "trace.dat: offset 4096: ..."
 //   KvmPairer pairer({.clock = ScaleFor((*dat)->clock())}, &sink);
 //   Status s = (*dat)->ReadAll(&pairer);                 // time order over all CPUs
 //
-// Records are decoded with KvmTepDecoder straight from the ring-buffer pages libtracecmd
-// hands out (tracecmd_iterate_events): no per-event object is built on our side. Lost events
-// (kbuffer's missed-events count) are passed to the pairer; the per-CPU overrun counts the
-// file carries (CPUSTAT option) are reported in lost_at_record_time().
+// The file is parsed here, not by libtracecmd (which crashes, double-frees or allocates
+// without bound on corrupt files): every length, offset and count is checked against the
+// real file size before anything is read or allocated. libtraceevent still parses the event
+// format texts (to decode fields); it is first run on them in a child process, so a format
+// it crashes on becomes one error line instead of taking this process down. Ring-buffer
+// pages are checked (commit, every event header) before kbuffer walks them. Compressed CPU
+// data is decompressed one chunk at a time per CPU. Limits: docs/trace-files.md.
+//
+// Records are decoded with KvmTepDecoder straight from the pages: no per-event object is
+// built. Lost events (kbuffer's missed-events count) are passed to the pairer; the per-CPU
+// overrun counts the file carries (CPUSTAT option) are reported in lost_at_record_time().
 #pragma once
 
 #include <cstdint>
@@ -21,17 +29,25 @@
 #include "sources/kvm_trace.h"
 
 struct tracecmd_input;
+struct tep_handle;
 
 namespace exitscope::sources {
 
 // True when the file starts with trace-cmd's magic ("\x17\x08\x44tracing").
 bool LooksLikeTraceCmdDat(std::string_view head) noexcept;
 
+// Records of one event (system:name) in a file.
+struct DatEventCount {
+  std::string system;
+  std::string name;
+  uint64_t count = 0;
+};
+
 class TraceCmdDat {
  public:
-  // Opens and validates `path`: magic, version, that libtracecmd can parse the headers, and
-  // that every CPU's data section lies inside the file (a truncated capture is refused with
-  // the offset where data is missing).
+  // Opens and validates `path`: magic, version, every section, option, CPU data range and
+  // compressed chunk header (a truncated capture is refused with the offset where data is
+  // missing), and the event formats (parsed in a child process first).
   static Result<std::unique_ptr<TraceCmdDat>> Open(const std::string& path);
   ~TraceCmdDat();
   TraceCmdDat(const TraceCmdDat&) = delete;
@@ -40,37 +56,56 @@ class TraceCmdDat {
   // The trace clock the capture used ("x86-tsc", "local", ...); "local" when the file
   // does not say.
   const std::string& clock() const noexcept { return clock_; }
+  // CPUs of the traced host (CPUCOUNT option, else the highest CPU with data + 1).
   int cpus() const noexcept { return cpus_; }
+  // File version (6 or 7) and compression ("none", "zstd", "zlib").
+  int version() const noexcept { return version_; }
+  const std::string& compression() const noexcept { return compression_; }
   // Overruns the kernel reported per CPU when the capture was taken (CPUSTAT "overrun:"),
   // summed: events lost before they reached the file.
   uint64_t lost_at_record_time() const noexcept { return lost_at_record_; }
 
-  // Streams every record, in time order across CPUs, into `pairer` and calls Finish().
-  // Records of other events are counted by the pairer as KvmEventType::kOther.
+  // Streams every record of every buffer, in time order across CPUs, into `pairer` and
+  // calls Finish(). Records of other events are counted by the pairer as
+  // KvmEventType::kOther.
   Status ReadAll(KvmPairer* pairer);
-  // Whether ReadAll may read CPU pages straight from the mapped file (default true; it
-  // falls back to libtracecmd's iterator by itself when the file does not allow it), and
-  // whether the last ReadAll did.
+  // true (default): ReadAll uses this reader. false: it uses libtracecmd's iterator instead
+  // (top buffer only, no isolation from libtracecmd's crashes): a reference for tests.
   void set_mapped_reader(bool allow) noexcept { allow_mapped_ = allow; }
   bool used_mapped_reader() const noexcept { return used_mapped_; }
   // Records seen by the last ReadAll, kvm or not.
   uint64_t records_read() const noexcept { return records_read_; }
+  // Records per event seen by the last ReadAll (events with no record left out), sorted by
+  // system and name. An event id no format defines is named "unknown" with system "#<id>".
+  std::vector<DatEventCount> event_counts() const;
+  // CPU data chunks (compressed files) or pages (uncompressed) the last ReadAll loaded.
+  uint64_t chunks_read() const noexcept { return chunks_read_; }
+
+  struct Layout;  // the parsed file (tracecmd_dat.cc)
 
  private:
   TraceCmdDat() = default;
-  bool ReadMapped(KvmPairer* pairer, KvmTepDecoder* decoder, Status* status);
-  Status CheckComplete(const KvmTepDecoder& decoder, const std::vector<uint64_t>& per_cpu,
-                       const std::vector<uint64_t>& last_offset) const;
+  Status ReadOwn(KvmPairer* pairer, KvmTepDecoder* decoder);
+  Status ReadLibTraceCmd(KvmPairer* pairer, KvmTepDecoder* decoder);
+  void Count(const void* data, int size) noexcept;
   bool allow_mapped_ = true;
   bool used_mapped_ = false;
-  std::vector<uint64_t> per_cpu_read_;
-  std::vector<uint64_t> last_offset_;
   std::string path_;
-  tracecmd_input* handle_ = nullptr;
+  std::unique_ptr<Layout> layout_;
+  const uint8_t* map_ = nullptr;
+  uint64_t map_size_ = 0;
+  tep_handle* tep_ = nullptr;
   std::string clock_ = "local";
+  std::string compression_ = "none";
+  int version_ = 0;
   int cpus_ = 0;
   uint64_t lost_at_record_ = 0;
   uint64_t records_read_ = 0;
+  uint64_t chunks_read_ = 0;
+  int type_offset_ = -1;
+  int type_size_ = 0;
+  bool swap_ = false;
+  std::vector<uint64_t> per_type_;
 };
 
 // The ClockScale for a trace clock name: identity for nanosecond clocks; for "x86-tsc" (and

@@ -188,25 +188,48 @@ TEST_F(CaptureTest, TextParserAgreesWithDatReader) {
   EXPECT_GT(from_dat.exits.size(), 6000u);
 }
 
-// The capture is a version 7 file whose CPU data trace-cmd compressed: the mapped-page
-// reader must notice (its first records differ from libtracecmd's) and fall back, giving the
-// same records and exits as libtracecmd's iterator.
-TEST_F(CaptureTest, MappedReaderFallsBackOnCompressedData) {
-  ExitList mapped, iterated;
-  Observed mapped_records, iterated_records;
+// The capture is a version 7 file whose CPU data trace-cmd compressed with zstd (23 chunks on
+// CPU 0): this reader decompresses it itself and must give the same records and exits as
+// libtracecmd's own iterator.
+TEST_F(CaptureTest, OwnReaderAgreesWithLibTraceCmdOnCompressedData) {
+  ExitList own, iterated;
+  Observed own_records, iterated_records;
+  uint64_t chunks = 0;
   for (bool allow : {true, false}) {
     auto dat = TraceCmdDat::Open(kDat);
     ASSERT_TRUE(dat.has_value());
+    EXPECT_EQ((*dat)->version(), 7);
+    EXPECT_EQ((*dat)->compression(), "zstd");
     (*dat)->set_mapped_reader(allow);
-    KvmPairer p({}, allow ? &mapped : &iterated);
-    p.SetRecordObserver(Observe, allow ? &mapped_records : &iterated_records);
+    KvmPairer p({}, allow ? &own : &iterated);
+    p.SetRecordObserver(Observe, allow ? &own_records : &iterated_records);
     const Status s = (*dat)->ReadAll(&p);
     ASSERT_TRUE(s.has_value()) << s.error().message;
-    EXPECT_FALSE((*dat)->used_mapped_reader());
+    EXPECT_EQ((*dat)->used_mapped_reader(), allow);
+    if (allow) chunks = (*dat)->chunks_read();
   }
-  EXPECT_EQ(mapped_records.events, iterated_records.events);
-  EXPECT_EQ(mapped.exits, iterated.exits);
-  EXPECT_GT(mapped.exits.size(), 6000u);
+  EXPECT_EQ(chunks, 24u);  // 23 on CPU 0, 1 on CPU 1
+  EXPECT_EQ(own_records.events, iterated_records.events);
+  EXPECT_EQ(own.exits, iterated.exits);
+  EXPECT_GT(own.exits.size(), 6000u);
+}
+
+// Every event, kvm or not, is counted by name, and the counts equal trace-cmd report's.
+TEST_F(CaptureTest, EventCountsByNameMatchTraceCmdReport) {
+  const ReportCounts want = ExpectedCounts();
+  SCOPED_TRACE(want.source);
+  auto dat = TraceCmdDat::Open(kDat);
+  ASSERT_TRUE(dat.has_value()) << dat.error().message;
+  KvmPairer p({}, nullptr);
+  ASSERT_TRUE((*dat)->ReadAll(&p).has_value());
+  std::map<std::string, uint64_t> got;
+  uint64_t total = 0;
+  for (const DatEventCount& c : (*dat)->event_counts()) {
+    got[c.name] += c.count;
+    total += c.count;
+  }
+  EXPECT_EQ(got, want.events);
+  EXPECT_EQ(total, (*dat)->records_read());
 }
 
 TEST_F(CaptureTest, KvmInputDetectsBothFormats) {

@@ -482,6 +482,7 @@ class Watchdog {
   struct Stall {
     uint64_t exit_no = 0;  // 0: none pending
     ExitRecord record;     // resolved, as reported
+    uint64_t seen_ns = 0;  // how long it had been inside when reported
   };
 
   // If the stalled exit has ended and the vCPU did not claim its end finding (it ended before
@@ -504,8 +505,8 @@ class Watchdog {
     const ExitRecord& r = stall->record;
     uint64_t ticks = 0;
     bool found = false, newer = false;
-    std::vector<ExitRecord> recent;
-    rec->rings_.ring(v).SnapshotNewest(64, &recent);
+    std::vector<ExitRecord> recent;  // rare (the vCPU missed the flag): the whole ring
+    rec->rings_.ring(v).Snapshot(&recent);
     for (auto it = recent.rbegin(); it != recent.rend() && !found; ++it) {
       found = it->start_ticks == r.start_ticks;
       if (found) ticks = it->duration_ticks;
@@ -515,11 +516,14 @@ class Watchdog {
     const uint64_t exit_no = stall->exit_no;
     stall->exit_no = 0;
     if (!ClaimStallEnd(slot, exit_no)) return;  // the vCPU emitted it
-    const uint64_t ns = rec->clock_.TicksToNs(ticks);
+    // Overwritten before the watchdog saw the end: the total is at least what it saw.
+    const uint64_t ns = found ? rec->clock_.TicksToNs(ticks) : stall->seen_ns;
     FindingRecord f = ExitFinding(r, FindingType::kStuckExitEnd, Clock::MonotonicNs(), ns);
     f.vcpu = v;
-    f.text = StallEndLine("vCPU " + std::to_string(v) + ": " + ExitDescription(*rec, r), ns);
-    if (!found) f.text += " (duration no longer in the ring)";
+    const std::string prefix = "vCPU " + std::to_string(v) + ": " + ExitDescription(*rec, r);
+    f.text = found ? StallEndLine(prefix, ns)
+                   : prefix + " ended after at least " + FormatDurationNs(ns) +
+                         " (was stuck; its record was overwritten before the end was seen)";
     rec->AddFinding(std::move(f), true);
   }
 
@@ -530,11 +534,13 @@ class Watchdog {
       internal::VcpuSlot& slot = rec->slots_[v];
       Stall& stall = (*stalls)[v];
       EndStall(rec, v, &stall);
+      // The clock is read before the slot: an exit seen in progress after `now` ends after it,
+      // so the time reported "so far" never exceeds the exit's total.
+      const uint64_t now = clock.Now();
       ExitRecord r;
       uint64_t no = 0;
       if (!ReadCurrent(slot, &r, &no)) continue;
       if (no == stall.exit_no || no <= slot.stalled.load(std::memory_order_relaxed)) continue;
-      const uint64_t now = clock.Now();
       const uint64_t elapsed = now > r.start_ticks ? now - r.start_ticks : 0;
       if (elapsed < stuck_ticks) continue;
       rec->Resolve(&r);
@@ -546,6 +552,7 @@ class Watchdog {
       // The begin finding goes out before the flag is set, so an end finding (from the vCPU,
       // which acts on the flag, or from EndStall) always follows it. If the exit ends before
       // the vCPU can see the flag, the next poll's EndStall emits the end.
+      stall.seen_ns = f.duration_ns;
       rec->AddFinding(std::move(f), true);
       stall.exit_no = no;
       stall.record = r;

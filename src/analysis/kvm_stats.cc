@@ -175,13 +175,27 @@ std::string KvmAggregator::NameText(const ExitEvent& e) const {
   }
 }
 
+void KvmAggregator::Count(KvmGroup& g, KvmRow& row, const ExitEvent& e) {
+  ++g.samples;
+  const bool in_kernel = e.kernel_access || !e.userspace;
+  if (in_kernel) {
+    ++row.in_kernel;
+    ++g.in_kernel;
+  }
+  if (e.end != ExitEnd::kSeen) {
+    ++row.untimed;
+    ++g.untimed;
+    return;
+  }
+  row.stats.Add(e.duration_ns);
+  g.time_ns += e.duration_ns;
+}
+
 void KvmAggregator::Add(GroupIndex& gi, const Key& key, const ExitEvent& e) {
   // Exits come in runs of one key: try the last row before hashing.
   if (gi.last != nullptr && gi.last_key.sub == key.sub && gi.last_key.dir == key.dir &&
       gi.last_key.name == key.name) {
-    gi.last->stats.Add(e.duration_ns);
-    ++gi.group->samples;
-    gi.group->time_ns += e.duration_ns;
+    Count(*gi.group, *gi.last, e);
     return;
   }
   auto it = gi.rows.find(key);
@@ -196,9 +210,7 @@ void KvmAggregator::Add(GroupIndex& gi, const Key& key, const ExitEvent& e) {
   }
   gi.last = it->second;
   gi.last_key = it->first;  // views the row's own bytes
-  it->second->stats.Add(e.duration_ns);
-  ++gi.group->samples;
-  gi.group->time_ns += e.duration_ns;
+  Count(*gi.group, *it->second, e);
 }
 
 KvmAggregator::GroupIndex& KvmAggregator::VmGroup(int64_t vm) {
@@ -223,17 +235,37 @@ KvmAggregator::GroupIndex& KvmAggregator::VcpuGroup(int64_t vm, int64_t vcpu) {
 }
 
 void KvmAggregator::OnExit(const ExitEvent& e) {
-  ++analysis_.exits_seen;
   Key key;
-  if (!Classify(e, &key) || (options_.vcpu >= 0 && e.vcpu != options_.vcpu) ||
-      (options_.pid >= 0 && e.vm != options_.pid && e.tid != options_.pid)) {
-    ++analysis_.exits_filtered;
+  const bool exit_class =
+      options_.event == KvmEventClass::kVmexit || options_.event == KvmEventClass::kUserspace;
+  const bool keep = !(e.kernel_access && exit_class) && Classify(e, &key) &&
+                    !(options_.vcpu >= 0 && e.vcpu != options_.vcpu) &&
+                    !(options_.pid >= 0 && e.vm != options_.pid && e.tid != options_.pid);
+  if (e.kernel_access) {
+    ++analysis_.kernel_accesses_seen;
+    if (!keep) {
+      ++analysis_.kernel_accesses_skipped;
+      return;
+    }
+  } else {
+    ++analysis_.exits_seen;
+    if (!keep) {
+      ++analysis_.exits_filtered;
+      return;
+    }
+  }
+  if (e.end == ExitEnd::kOpenAtEnd) {
+    ++analysis_.open_at_end;
+    if (analysis_.open_exits.size() < KvmAnalysis::kMaxOpenExitsKept) {
+      analysis_.open_exits.push_back({e.start_ns, e.vm, e.vcpu, e.tid, std::string(e.reason),
+                                      KeyText(key, e), std::string(e.device), std::string(e.reg)});
+    }
     return;
   }
   Add(all_, key, e);
   if (options_.per_vm) Add(VmGroup(e.vm), key, e);
   if (options_.per_vcpu) Add(VcpuGroup(e.vm, e.vcpu), key, e);
-  if (options_.slow_ns != 0 && e.duration_ns >= options_.slow_ns) {
+  if (options_.slow_ns != 0 && e.end == ExitEnd::kSeen && e.duration_ns >= options_.slow_ns) {
     ++analysis_.slow_exits;
     if (options_.on_slow) {
       const auto it = all_.rows.find(key);  // keys compare by content

@@ -15,6 +15,15 @@
 //   hypercall  hypercall exits, keyed by HC_* name or number   ("HC_WRMSR", "nr 0x9")
 // Each key is a row of LatencyStats (count, sum, min, max, standard error, fixed-memory
 // log-linear histogram for percentiles); an event costs one hash lookup per breakdown.
+//
+// Events without a time (ExitEvent::end != kSeen) are counted, never timed:
+//  - an access handled in the kernel with no exit record (ExitEvent::kernel_access) is a
+//    sample of the access classes (ioport, mmio, msr, hypercall), counted in `untimed` and
+//    `in_kernel`; the exit classes (vmexit, userspace) skip it (kernel_accesses_skipped);
+//  - an exit whose end the trace never carries (kvm_exit without any kvm_entry) is a sample
+//    counted in `untimed`;
+//  - an exit open at end of trace is in no row: it is listed in KvmAnalysis::open_exits.
+// Samples = timed + untimed; Time% and the time columns cover timed samples only.
 #pragma once
 
 #include <cstdint>
@@ -51,9 +60,13 @@ struct KvmAnalysisOptions {
 
 // One key's row.
 struct KvmRow {
-  std::string key;   // as printed: "IO", "0x3f8:POUT"
-  std::string name;  // resolved name: device.register, MSR name; may be empty
-  LatencyStats stats;
+  std::string key;         // as printed: "IO", "0x3f8:POUT"
+  std::string name;        // resolved name: device.register, MSR name; may be empty
+  LatencyStats stats;      // samples with a known time
+  uint64_t untimed = 0;    // samples whose time the trace does not show
+  uint64_t in_kernel = 0;  // samples (timed or not) handled in the kernel: no userspace exit
+  uint64_t samples() const noexcept { return stats.count() + untimed; }
+  uint64_t to_vmm() const noexcept { return samples() - in_kernel; }
 };
 
 // The rows of one scope (everything, one VM, or one vCPU of one VM).
@@ -61,8 +74,17 @@ struct KvmGroup {
   int64_t vm = -1;                            // -1: all VMs
   int64_t vcpu = -1;                          // -1: all vCPUs
   std::vector<std::unique_ptr<KvmRow>> rows;  // in first-seen order
-  uint64_t samples = 0;
-  uint64_t time_ns = 0;
+  uint64_t samples = 0;                       // every sample, timed or not
+  uint64_t time_ns = 0;                       // of the timed samples
+  uint64_t untimed = 0;                       // samples without a time
+  uint64_t in_kernel = 0;                     // samples handled in the kernel
+};
+
+// An exit still open when the trace ended: the vCPU never re-entered the guest.
+struct KvmOpenExit {
+  uint64_t start_ns = 0;
+  uint32_t vm = 0, vcpu = 0, tid = 0;
+  std::string reason, key, device, reg;
 };
 
 struct KvmAnalysis {
@@ -70,9 +92,14 @@ struct KvmAnalysis {
   KvmGroup all;
   std::vector<std::unique_ptr<KvmGroup>> per_vm;    // sorted by vm at Finish()
   std::vector<std::unique_ptr<KvmGroup>> per_vcpu;  // sorted by (vm, vcpu)
-  uint64_t exits_seen = 0;                          // every ExitEvent received
+  uint64_t exits_seen = 0;      // every exit received (kernel accesses not included)
   uint64_t exits_filtered = 0;  // of which not in the class or filtered by --vcpu / -p
   uint64_t slow_exits = 0;
+  uint64_t open_at_end = 0;              // exits of the class open at end of trace
+  std::vector<KvmOpenExit> open_exits;   // the first kMaxOpenExitsKept of them, in order
+  uint64_t kernel_accesses_seen = 0;     // ExitEvent::kernel_access events received
+  uint64_t kernel_accesses_skipped = 0;  // of which not in the class or filtered
+  static constexpr size_t kMaxOpenExitsKept = 1000;
 };
 
 // Sort order of rows, as perf's --key plus percentiles. All descending.
@@ -114,6 +141,7 @@ class KvmAggregator final : public EventSink {
   std::string KeyText(const Key& key, const ExitEvent& e) const;
   std::string NameText(const ExitEvent& e) const;
   void Add(GroupIndex& gi, const Key& key, const ExitEvent& e);
+  static void Count(KvmGroup& g, KvmRow& row, const ExitEvent& e);
   GroupIndex& VmGroup(int64_t vm);
   GroupIndex& VcpuGroup(int64_t vm, int64_t vcpu);
 

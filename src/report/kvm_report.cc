@@ -26,6 +26,50 @@ double Pct(uint64_t part, uint64_t whole) {
   return whole ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0;
 }
 
+bool AccessClass(analysis::KvmEventClass c) {
+  return c == analysis::KvmEventClass::kIoport || c == analysis::KvmEventClass::kMmio ||
+         c == analysis::KvmEventClass::kMsr || c == analysis::KvmEventClass::kHypercall;
+}
+
+// "-" in place of a time the trace does not show, right-aligned in `width` (plus the "us").
+std::string UnknownTime(int width) {
+  return fmt::format("{:>{}}", "-", width + 2);
+}
+
+// The notes that explain counts without a time, shared by the table and the JSON.
+std::vector<std::string> Notes(const KvmAnalysis& a, const KvmReportContext& ctx) {
+  std::vector<std::string> notes;
+  const sources::KvmPairingStats* p = ctx.pairing;
+  const uint64_t no_end = p != nullptr ? p->exits_time_unknown : 0;
+  const uint64_t in_kernel = p != nullptr ? p->kernel_accesses : 0;
+  if (no_end != 0 || (p == nullptr && a.all.untimed != 0)) {
+    notes.push_back(fmt::format(
+        "Time unknown: {} exits have a kvm_exit and no kvm_entry on their thread (the trace "
+        "has no entries, e.g. `trace-cmd report | grep kvm_exit`): they are counted in "
+        "Samples and Samples% by reason, but their time is unknown (\"-\"; not in Time% or "
+        "the time columns).",
+        no_end));
+  }
+  if (in_kernel != 0) {
+    notes.push_back(fmt::format(
+        "Handled in the kernel: {} accesses (kvm_pio / kvm_mmio / kvm_msr / kvm_hypercall) had "
+        "no exit to userspace of their own (QEMU-coalesced PIO/MMIO such as the RTC index "
+        "port 0x70, ioeventfd doorbells, in-kernel PIT/IOAPIC/LAPIC, in-kernel MSRs). This "
+        "trace has no kvm_exit, so they have no time: --event ioport|mmio|msr|hypercall count "
+        "them in Samples and \"In kernel\", the exit tables (vmexit, userspace) leave them "
+        "out.",
+        in_kernel));
+  }
+  if (a.open_at_end != 0) {
+    notes.push_back(fmt::format(
+        "Open at end of trace: {} exits started and the vCPU had not re-entered the guest when "
+        "the trace ended (e.g. the exit that ends the guest): listed below, not in Samples or "
+        "the time columns.",
+        a.open_at_end));
+  }
+  return notes;
+}
+
 std::string ScopeLine(const KvmReportContext& ctx, int64_t vm, int64_t vcpu) {
   std::string s = "Analyze events for ";
   if (vm >= 0)
@@ -47,6 +91,7 @@ void AppendTable(std::string& out, const KvmAnalysis& a, const KvmGroup& g,
   const auto rows = analysis::SortedRows(g, opts.sort);
   bool any_name = false;
   for (const KvmRow* r : rows) any_name |= !r->name.empty();
+  const bool access = AccessClass(a.event);
 
   out += "\n\n";
   out += ScopeLine(ctx, g.vm, g.vcpu);
@@ -55,26 +100,42 @@ void AppendTable(std::string& out, const KvmAnalysis& a, const KvmGroup& g,
   out += fmt::format("{:>10} {:>9} {:>9} {:>11} {:>11} {:>16} ", "Samples", "Samples%", "Time%",
                      "Min Time", "Max Time", "Avg time");
   if (opts.percentiles) out += fmt::format("  {:>11} {:>11} {:>11} ", "p50", "p99", "p99.9");
+  if (access) out += fmt::format("  {:>8} {:>9} ", "To VMM", "In kernel");
   if (any_name) out += " Name";
   out += "\n\n";
   for (const KvmRow* r : rows) {
     const auto& s = r->stats;
+    const bool timed = s.count() != 0;
     out += fmt::format("{:>{}} ", r->key, kDecodeWidth);
-    out += fmt::format("{:>10} ", s.count());
-    out += fmt::format("{:8.2f}% ", Pct(s.count(), g.samples));
-    out += fmt::format("{:8.2f}% ", Pct(s.sum(), g.time_ns));
-    out += fmt::format("{:9.2f}us ", Us(s.min()));
-    out += fmt::format("{:9.2f}us ", Us(s.max()));
-    out += fmt::format("{:9.2f}us ( +-{:7.2f}% )", s.mean() / 1e3, s.RelStdErrPercent());
-    if (opts.percentiles) {
-      out += fmt::format("  {:9.2f}us {:9.2f}us {:9.2f}us", Us(s.Quantile(0.5)),
-                         Us(s.Quantile(0.99)), Us(s.Quantile(0.999)));
+    out += fmt::format("{:>10} ", r->samples());
+    out += fmt::format("{:8.2f}% ", Pct(r->samples(), g.samples));
+    if (timed) {
+      out += fmt::format("{:8.2f}% ", Pct(s.sum(), g.time_ns));
+      out += fmt::format("{:9.2f}us ", Us(s.min()));
+      out += fmt::format("{:9.2f}us ", Us(s.max()));
+      out += fmt::format("{:9.2f}us ( +-{:7.2f}% )", s.mean() / 1e3, s.RelStdErrPercent());
+    } else {
+      out += fmt::format("{:>9} {} {} {}  {:>12}", "-", UnknownTime(9), UnknownTime(9),
+                         UnknownTime(9), "");
     }
+    if (opts.percentiles) {
+      if (timed) {
+        out += fmt::format("  {:9.2f}us {:9.2f}us {:9.2f}us", Us(s.Quantile(0.5)),
+                           Us(s.Quantile(0.99)), Us(s.Quantile(0.999)));
+      } else {
+        out += fmt::format("  {} {} {}", UnknownTime(9), UnknownTime(9), UnknownTime(9));
+      }
+    }
+    if (access) out += fmt::format("  {:>8} {:>9}", r->to_vmm(), r->in_kernel);
     if (!r->name.empty()) out += fmt::format("  {}", r->name);
     out += "\n";
   }
   out += fmt::format("\nTotal Samples:{}, Total events handled time:{:.2f}us.\n", g.samples,
                      Us(g.time_ns));
+  if (g.untimed != 0) {
+    out += fmt::format("({} of the {} samples have no time: see the notes below.)\n", g.untimed,
+                       g.samples);
+  }
   if (opts.histogram) {
     for (const KvmRow* r : rows) {
       out += "\n";
@@ -100,16 +161,35 @@ void AppendFooter(std::string& out, const KvmAnalysis& a, const KvmReportContext
                                                "capture host's)"
                                              : "");
   }
+  for (const std::string& n : Notes(a, ctx)) out += n + "\n";
+  constexpr size_t kOpenLines = 20;
+  for (size_t i = 0; i < a.open_exits.size() && i < kOpenLines; ++i) {
+    const analysis::KvmOpenExit& e = a.open_exits[i];
+    std::string line = fmt::format("  open at end of trace: {} VM {}, vcpu {}: {}", e.start_ns,
+                                   e.vm, e.vcpu, e.reason);
+    if (!e.key.empty() && e.key != e.reason) line += " " + e.key;
+    if (!e.device.empty()) {
+      line +=
+          e.reg.empty() ? fmt::format(" ({})", e.device) : fmt::format(" ({}.{})", e.device, e.reg);
+    }
+    out += line + ", started and never re-entered\n";
+  }
+  if (a.open_at_end > kOpenLines) {
+    out += fmt::format("  ... and {} more open at end of trace\n", a.open_at_end - kOpenLines);
+  }
   if (const sources::KvmPairingStats* p = ctx.pairing) {
     out += fmt::format(
         "Input: {} ({}), {} records, {} exits paired ({} kvm_exit->kvm_entry, {} reached "
-        "userspace).\n",
-        ctx.input, ctx.format, p->records_total, p->exits, p->kernel_exits, p->userspace_exits);
+        "userspace), {} open at end of trace, {} exits without a time, {} accesses handled in "
+        "the kernel.\n",
+        ctx.input, ctx.format, p->records_total, p->paired(), p->kernel_exits, p->userspace_exits,
+        p->open_at_end, p->exits_time_unknown, p->kernel_accesses);
     out += fmt::format(
-        "Not paired: {} exits without an end, {} entries without an exit, {} child records "
-        "outside any exit; lost: {} records in {} overruns{}.\n",
-        p->unpaired_exits, p->entries_without_exit, p->children_outside_exit, p->lost_events,
-        p->lost_markers,
+        "Not paired: {} exits without an end ({} of them open at end of trace), {} entries "
+        "without an exit, {} child records outside any exit; lost: {} records in {} "
+        "overruns{}.\n",
+        p->unpaired_exits, p->open_at_end, p->entries_without_exit, p->children_outside_exit,
+        p->lost_events, p->lost_markers,
         ctx.lost_at_record ? fmt::format(" (+{} overrun while recording)", ctx.lost_at_record)
                            : std::string());
     if (p->exits == 0 && p->records[static_cast<size_t>(sources::KvmEventType::kExit)] == 0 &&
@@ -123,25 +203,37 @@ void AppendFooter(std::string& out, const KvmAnalysis& a, const KvmReportContext
     out += fmt::format("{} of {} exits not in --event {} or filtered by --vcpu / -p.\n",
                        a.exits_filtered, a.exits_seen, analysis::ToString(a.event));
   }
+  if (a.kernel_accesses_skipped != 0) {
+    out += fmt::format(
+        "{} of {} accesses handled in the kernel not in --event {} or filtered by --vcpu / "
+        "-p.\n",
+        a.kernel_accesses_skipped, a.kernel_accesses_seen, analysis::ToString(a.event));
+  }
 }
 
 nlohmann::json RowJson(const KvmRow& r, const KvmGroup& g, const KvmRenderOptions& opts) {
   const auto& s = r.stats;
+  const bool timed = s.count() != 0;
+  const auto t = [timed](auto v) { return timed ? nlohmann::json(v) : nlohmann::json(nullptr); };
   nlohmann::json j = {
       {"key", r.key},
       {"name", r.name},
-      {"samples", s.count()},
-      {"samples_pct", Pct(s.count(), g.samples)},
+      {"samples", r.samples()},
+      {"samples_pct", Pct(r.samples(), g.samples)},
+      {"timed_samples", s.count()},
+      {"untimed_samples", r.untimed},
+      {"to_vmm", r.to_vmm()},
+      {"in_kernel", r.in_kernel},
       {"time_ns", s.sum()},
       {"time_pct", Pct(s.sum(), g.time_ns)},
-      {"min_ns", s.min()},
-      {"max_ns", s.max()},
-      {"mean_ns", s.mean()},
-      {"stderr_pct", s.RelStdErrPercent()},
-      {"p50_ns", s.Quantile(0.5)},
-      {"p90_ns", s.Quantile(0.9)},
-      {"p99_ns", s.Quantile(0.99)},
-      {"p999_ns", s.Quantile(0.999)},
+      {"min_ns", t(s.min())},
+      {"max_ns", t(s.max())},
+      {"mean_ns", t(s.mean())},
+      {"stderr_pct", t(s.RelStdErrPercent())},
+      {"p50_ns", t(s.Quantile(0.5))},
+      {"p90_ns", t(s.Quantile(0.9))},
+      {"p99_ns", t(s.Quantile(0.99))},
+      {"p999_ns", t(s.Quantile(0.999))},
   };
   if (opts.histogram) {
     // Power-of-two bins: [le_ns / 2, le_ns) -> count, empty bins omitted.
@@ -172,6 +264,8 @@ nlohmann::json GroupJson(const KvmGroup& g, const KvmRenderOptions& opts) {
   if (g.vcpu >= 0) j["vcpu"] = g.vcpu;
   j["samples"] = g.samples;
   j["time_ns"] = g.time_ns;
+  j["untimed_samples"] = g.untimed;
+  j["in_kernel"] = g.in_kernel;
   nlohmann::json rows = nlohmann::json::array();
   for (const KvmRow* r : analysis::SortedRows(g, opts.sort)) rows.push_back(RowJson(*r, g, opts));
   j["rows"] = std::move(rows);
@@ -276,6 +370,24 @@ std::string RenderKvmJson(const KvmAnalysis& a, const KvmReportContext& ctx,
   j["exits_seen"] = a.exits_seen;
   j["exits_filtered"] = a.exits_filtered;
   j["slow_exit_count"] = a.slow_exits;
+  j["open_at_end_count"] = a.open_at_end;
+  {
+    nlohmann::json arr = nlohmann::json::array();
+    for (const analysis::KvmOpenExit& e : a.open_exits) {
+      arr.push_back({{"start_ns", e.start_ns},
+                     {"vm", e.vm},
+                     {"vcpu", e.vcpu},
+                     {"tid", e.tid},
+                     {"reason", e.reason},
+                     {"key", e.key},
+                     {"device", e.device},
+                     {"register", e.reg}});
+    }
+    j["open_at_end"] = std::move(arr);
+  }
+  j["kernel_accesses_seen"] = a.kernel_accesses_seen;
+  j["kernel_accesses_skipped"] = a.kernel_accesses_skipped;
+  j["notes"] = Notes(a, ctx);
   if (ctx.slow_exits != nullptr) {
     nlohmann::json arr = nlohmann::json::array();
     for (const KvmSlowExit& e : *ctx.slow_exits) {
@@ -300,6 +412,10 @@ std::string RenderKvmJson(const KvmAnalysis& a, const KvmReportContext& ctx,
     j["pairing"] = {{"records", std::move(rec)},
                     {"records_total", p->records_total},
                     {"exits", p->exits},
+                    {"paired", p->paired()},
+                    {"open_at_end", p->open_at_end},
+                    {"exits_time_unknown", p->exits_time_unknown},
+                    {"kernel_accesses", p->kernel_accesses},
                     {"kernel_exits", p->kernel_exits},
                     {"userspace_exits", p->userspace_exits},
                     {"unpaired_exits", p->unpaired_exits},
@@ -311,7 +427,9 @@ std::string RenderKvmJson(const KvmAnalysis& a, const KvmReportContext& ctx,
                     {"lost_markers", p->lost_markers},
                     {"lost_at_record", ctx.lost_at_record}};
   }
-  return j.dump(2) + "\n";
+  // Names come from the input (comm, file names, reasons as printed): never abort on bytes
+  // that are not UTF-8, replace them with U+FFFD.
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 std::string RenderKvmCsv(const KvmAnalysis& a, const KvmReportContext& ctx,

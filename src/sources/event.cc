@@ -44,6 +44,18 @@ std::string_view ToString(Direction d) noexcept {
   return "none";
 }
 
+std::string_view ToString(ExitEnd e) noexcept {
+  switch (e) {
+    case ExitEnd::kOpenAtEnd:
+      return "open_at_end";
+    case ExitEnd::kNotTraced:
+      return "not_traced";
+    case ExitEnd::kSeen:
+      break;
+  }
+  return "seen";
+}
+
 std::string_view ToString(DeviceEventKind k) noexcept {
   switch (k) {
     case DeviceEventKind::kIoSubmit:

@@ -22,6 +22,15 @@ enum class SubKeyKind : uint8_t { kNone = 0, kPort, kMmio, kMsr, kHypercall };
 
 enum class Direction : uint8_t { kNone = 0, kRead, kWrite };
 
+// How much of an exit's time the source saw. Anything but kSeen means duration_ns is 0 and
+// unknown: analyses count such an event but keep it out of every time column.
+enum class ExitEnd : uint8_t {
+  kSeen = 0,   // start and end seen: duration_ns is the exit's time
+  kOpenAtEnd,  // started, and the trace ended before the vCPU re-entered the guest
+  kNotTraced,  // the trace carries no end record for it (kvm_exit without any kvm_entry, or
+               // an access handled in the kernel whose exit no record shows)
+};
+
 // One exit, paired: from leaving the guest to re-entering it.
 struct ExitEvent {
   uint64_t start_ns = 0;
@@ -44,6 +53,13 @@ struct ExitEvent {
   std::string_view user_reason;  // KVM_EXIT_* name without prefix ("IO", "MMIO", "HLT") when
                                  // the exit reached userspace
   bool failed_vmentry = false;   // VMX exit_reason bit 31 / PVM FAILED_VMENTRY
+  ExitEnd end = ExitEnd::kSeen;  // kSeen: duration_ns is known (see ExitEnd)
+  // An access (kvm_pio, kvm_mmio, kvm_msr, kvm_hypercall) the kernel handled without an exit
+  // to userspace, on a host whose trace shows no exit record for it (no kvm_exit: kvm-pvm).
+  // It is not an exit of the trace: `reason` is "PIO"/"MMIO"/"MSR"/"HYPERCALL", userspace is
+  // false, end is kNotTraced. Exit tables skip it; access tables (ioport, mmio, ...) count it
+  // as handled in the kernel.
+  bool kernel_access = false;
 };
 
 enum class DeviceEventKind : uint8_t {
@@ -105,6 +121,7 @@ namespace exitscope {
 std::string_view ToString(Isa isa) noexcept;
 std::string_view ToString(SubKeyKind k) noexcept;
 std::string_view ToString(Direction d) noexcept;
+std::string_view ToString(ExitEnd e) noexcept;
 std::string_view ToString(DeviceEventKind k) noexcept;
 std::string_view ToString(FindingKind k) noexcept;
 }  // namespace exitscope

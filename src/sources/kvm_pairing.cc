@@ -24,19 +24,62 @@ bool IsChild(KvmEventType t) noexcept {
   }
 }
 
-// A held exit is a read whose value (and, for PIO IN, whose port) comes with the completion
-// record KVM fires after re-entry.
-bool NeedsCompletion(const ExitEvent& e) noexcept {
-  if (!e.userspace) return false;
-  if (e.subkey_kind == SubKeyKind::kMmio) return e.dir == Direction::kRead;
-  if (e.user_reason == "IO") return e.subkey_kind == SubKeyKind::kNone || e.dir == Direction::kRead;
-  return false;
+bool IsAccess(KvmEventType t) noexcept {
+  return t == KvmEventType::kPio || t == KvmEventType::kMmio || t == KvmEventType::kMsr ||
+         t == KvmEventType::kHypercall;
 }
 
 // Records that may sit between re-entry and a read's completion without ending the wait.
+// The kernel completes a read before it emulates the next instruction, so a PIO read
+// waits only across these; an MMIO read (matched by its gpa) also across kvm_emulate_insn.
 bool KeepsHold(KvmEventType t) noexcept {
-  return t == KvmEventType::kFpu || t == KvmEventType::kEmulateInsn ||
-         t == KvmEventType::kVcpuMatchMmio || t == KvmEventType::kEntry;
+  return t == KvmEventType::kFpu || t == KvmEventType::kVcpuMatchMmio || t == KvmEventType::kEntry;
+}
+
+// IN / INS -> kRead, OUT / OUTS -> kWrite, anything else (or no bytes) -> kNone.
+Direction PortInsnDirection(const KvmRecord& r) noexcept {
+  for (size_t i = 0; i < r.insn_len && i < r.insn.size(); ++i) {
+    const uint8_t b = r.insn[i];
+    const bool prefix = b == 0x66 || b == 0x67 || b == 0xf2 || b == 0xf3 || b == 0xf0 ||
+                        b == 0x2e || b == 0x36 || b == 0x3e || b == 0x26 || b == 0x64 ||
+                        b == 0x65 || (b >= 0x40 && b <= 0x4f);
+    if (prefix) continue;
+    switch (b) {
+      case 0xe4:
+      case 0xe5:
+      case 0xec:
+      case 0xed:
+      case 0x6c:
+      case 0x6d:
+        return Direction::kRead;
+      case 0xe6:
+      case 0xe7:
+      case 0xee:
+      case 0xef:
+      case 0x6e:
+      case 0x6f:
+        return Direction::kWrite;
+      default:
+        return Direction::kNone;
+    }
+  }
+  return Direction::kNone;
+}
+
+std::string_view AccessReason(SubKeyKind k) noexcept {
+  switch (k) {
+    case SubKeyKind::kPort:
+      return "PIO";
+    case SubKeyKind::kMmio:
+      return "MMIO";
+    case SubKeyKind::kMsr:
+      return "MSR";
+    case SubKeyKind::kHypercall:
+      return "HYPERCALL";
+    case SubKeyKind::kNone:
+      break;
+  }
+  return "ACCESS";
 }
 
 }  // namespace
@@ -67,6 +110,7 @@ KvmPairer::Thread& KvmPairer::ThreadOf(const KvmRecord& r) {
   last_thread_ = &t;  // unordered_map nodes never move
   last_tid_ = r.tid;
   if (inserted) {
+    t.tid = r.tid;
     if (auto g = tgid_of_.find(r.tid); g != tgid_of_.end()) t.tgid = g->second;
   }
   if (r.tgid >= 0) t.tgid = r.tgid;
@@ -86,6 +130,77 @@ uint32_t KvmPairer::VcpuOf(int32_t tid, const Thread& t) {
   vcpu_of_tid_.emplace(tid, v);
   t.vcpu_index = v;
   return v;
+}
+
+void KvmPairer::FillIds(Thread& t, ExitEvent* e) {
+  e->tid = static_cast<uint32_t>(t.tid);
+  e->vm = static_cast<uint32_t>(t.tgid >= 0 ? t.tgid : t.tid);
+  e->vcpu = VcpuOf(t.tid, t);
+}
+
+void KvmPairer::AddAccess(Thread& t, const KvmRecord& r) {
+  Access a;
+  a.ts = r.ts;
+  a.rip = t.last_rip;
+  a.key = r.addr;
+  a.value = r.data;
+  switch (r.type) {
+    case KvmEventType::kPio:
+      a.kind = SubKeyKind::kPort;
+      a.size = static_cast<uint8_t>(r.size);
+      a.dir = r.write ? Direction::kWrite : Direction::kRead;
+      break;
+    case KvmEventType::kMmio:
+      a.kind = SubKeyKind::kMmio;
+      a.size = static_cast<uint8_t>(r.size);
+      a.dir = r.mmio_type == kKvmMmioWrite ? Direction::kWrite : Direction::kRead;
+      a.unsatisfied = r.mmio_type == kKvmMmioUnsatisfiedRead;
+      break;
+    case KvmEventType::kMsr:
+      a.kind = SubKeyKind::kMsr;
+      a.size = 8;
+      a.dir = r.write ? Direction::kWrite : Direction::kRead;
+      break;
+    case KvmEventType::kHypercall:
+      a.kind = SubKeyKind::kHypercall;
+      a.value = 0;
+      break;
+    default:
+      return;
+  }
+  t.window.push_back(a);
+  t.window_fresh = false;
+}
+
+void KvmPairer::EmitAccess(Thread& t, const Access& a) {
+  ExitEvent e;
+  FillIds(t, &e);
+  e.start_ns = options_.clock.ToNs(a.ts);
+  e.reason = AccessReason(a.kind);
+  e.subkey_kind = a.kind;
+  e.subkey = a.key;
+  e.size = a.size;
+  e.dir = a.dir;
+  e.value = a.value;
+  e.guest_rip = a.rip;
+  e.end = ExitEnd::kNotTraced;
+  e.kernel_access = true;
+  Resolve(&e);
+  ++stats_.exits;
+  ++stats_.kernel_accesses;
+  if (sink_ != nullptr) sink_->OnExit(e);
+}
+
+void KvmPairer::EmitWindowAsKernel(Thread& t) {
+  for (const Access& a : t.window) EmitAccess(t, a);
+  t.window.clear();
+}
+
+void KvmPairer::ClearWindow(Thread& t, bool count_outside) {
+  if (count_outside) stats_.children_outside_exit += t.window.size() + t.children;
+  t.window.clear();
+  t.children = 0;
+  t.child = Child{};
 }
 
 void KvmPairer::AddChild(Thread& t, const KvmRecord& r) {
@@ -185,6 +300,8 @@ void KvmPairer::StartKernelExit(Thread& t, const KvmRecord& r) {
   e.isa = static_cast<Isa>(r.isa <= 3 ? r.isa : 0);
   if (reason.known) {
     e.reason = reason.name;
+  } else if (!r.reason_name.empty()) {
+    e.reason = Intern(std::string(r.reason_name));  // as the trace printed it
   } else {
     e.reason = Intern(fmt::format("UNKNOWN({}:{:#x})", ToString(e.isa), r.exit_reason));
   }
@@ -221,7 +338,55 @@ void KvmPairer::StartUserExit(Thread& t, const KvmRecord& r) {
   if (name.empty()) name = Intern(fmt::format("KVM_EXIT_{}", r.reason));
   e.user_reason = name;
   e.reason = name;
-  ApplyChild(t, &e);  // the children came before kvm_userspace_exit
+  e.guest_rip = t.last_rip;
+
+  // Which access of the window is the exit's own (see the header); the rest were handled in
+  // the kernel.
+  const auto last_of = [&](auto pred) -> int {
+    for (size_t i = t.window.size(); i-- > 0;) {
+      if (pred(t.window[i])) return static_cast<int>(i);
+    }
+    return -1;
+  };
+  int own = -1;
+  t.hold_next = Hold::kNone;
+  if (name == "IO") {
+    if (t.insn_dir == Direction::kRead) {
+      t.hold_next = Hold::kPioRead;
+    } else {
+      own = last_of([](const Access& a) {
+        return a.kind == SubKeyKind::kPort && a.dir == Direction::kWrite;
+      });
+      if (own < 0) {
+        t.hold_next = Hold::kPioRead;
+      } else if (t.insn_dir == Direction::kNone) {
+        t.hold_next = Hold::kPioMaybe;
+        t.candidate = t.window[static_cast<size_t>(own)];
+      }
+    }
+  } else if (name == "MMIO") {
+    own = last_of([](const Access& a) {
+      return a.kind == SubKeyKind::kMmio && (a.dir == Direction::kWrite || a.unsatisfied);
+    });
+    if (own >= 0 && t.window[static_cast<size_t>(own)].unsatisfied) t.hold_next = Hold::kMmioRead;
+  } else if (name == "HYPERCALL") {
+    own = last_of([](const Access& a) { return a.kind == SubKeyKind::kHypercall; });
+  }
+  for (size_t i = 0; i < t.window.size(); ++i) {
+    if (static_cast<int>(i) != own) EmitAccess(t, t.window[i]);
+  }
+  if (own >= 0) {
+    const Access& a = t.window[static_cast<size_t>(own)];
+    e.subkey_kind = a.kind;
+    e.subkey = a.key;
+    e.size = a.size;
+    e.dir = a.dir;
+    e.value = a.unsatisfied ? 0 : a.value;
+    if (a.rip != 0) e.guest_rip = a.rip;
+  } else if (t.hold_next == Hold::kPioRead) {
+    e.dir = Direction::kRead;
+  }
+  t.window.clear();
   t.children = 0;
   t.child = Child{};
 }
@@ -236,26 +401,96 @@ void KvmPairer::EndExit(Thread& t, uint64_t end_ts) {
   t.phase = Phase::kIdle;
   t.children = 0;
   t.child = Child{};
-  if (!t.ev_is_kernel && NeedsCompletion(e)) {
-    t.held = true;
+  if (!t.ev_is_kernel && t.hold_next != Hold::kNone) {
+    t.held = t.hold_next;
     t.held_ev = e;
+    t.hold_next = Hold::kNone;
     return;
   }
   Emit(e, t.ev_is_kernel);
 }
 
+// An exit open when the input ends (or whose end the thread never traces).
+void KvmPairer::EndOpen(Thread& t) {
+  if (t.phase == Phase::kIdle) return;
+  ExitEvent& e = t.ev;
+  if (t.ev_is_kernel) ApplyChild(t, &e);
+  if (!t.ev_is_kernel && t.hold_next == Hold::kPioMaybe) {
+    // Best guess: the write was the exit's (no completion can tell otherwise now).
+    t.hold_next = Hold::kNone;
+  }
+  e.start_ns = options_.clock.ToNs(t.exit_ts);
+  e.duration_ns = 0;
+  if (t.ev_is_kernel && !t.seen_entry) {
+    e.end = ExitEnd::kNotTraced;
+  } else {
+    e.end = ExitEnd::kOpenAtEnd;
+    ++stats_.unpaired_exits;
+  }
+  t.phase = Phase::kIdle;
+  t.hold_next = Hold::kNone;
+  t.children = 0;
+  t.child = Child{};
+  Emit(e, t.ev_is_kernel);
+}
+
+bool KvmPairer::ResolveHeld(Thread& t, const KvmRecord& r) {
+  ExitEvent& h = t.held_ev;
+  const Hold kind = t.held;
+  if (kind == Hold::kPioRead || kind == Hold::kPioMaybe) {
+    if (r.type == KvmEventType::kPio && r.write == 0 && t.window_fresh) {
+      if (kind == Hold::kPioMaybe) EmitAccess(t, t.candidate);  // handled in the kernel
+      h.subkey_kind = SubKeyKind::kPort;
+      h.subkey = r.addr;
+      h.size = static_cast<uint8_t>(r.size);
+      h.dir = Direction::kRead;
+      h.value = r.data;
+      ++stats_.completions;
+      t.held = Hold::kNone;
+      Emit(h, false);
+      return true;
+    }
+    if (KeepsHold(r.type)) return false;
+  } else if (kind == Hold::kMmioRead) {
+    if (r.type == KvmEventType::kMmio && r.mmio_type == kKvmMmioRead && r.addr == h.subkey) {
+      h.value = r.data;
+      ++stats_.completions;
+      t.held = Hold::kNone;
+      Emit(h, false);
+      return true;
+    }
+    if (KeepsHold(r.type) || r.type == KvmEventType::kEmulateInsn) return false;
+  }
+  FlushHeld(t);
+  return false;
+}
+
 void KvmPairer::FlushHeld(Thread& t) {
-  if (!t.held) return;
-  t.held = false;
-  Emit(t.held_ev, false);
+  if (t.held == Hold::kNone) return;
+  ExitEvent& h = t.held_ev;
+  if (t.held == Hold::kPioMaybe) {  // no completion came: the write was the exit's
+    h.subkey_kind = t.candidate.kind;
+    h.subkey = t.candidate.key;
+    h.size = t.candidate.size;
+    h.dir = t.candidate.dir;
+    h.value = t.candidate.value;
+  }
+  t.held = Hold::kNone;
+  Emit(h, false);
 }
 
 void KvmPairer::Emit(const ExitEvent& e_in, bool kernel) {
   ExitEvent e = e_in;
   Resolve(&e);
   ++stats_.exits;
-  if (kernel) ++stats_.kernel_exits;
-  if (e.userspace) ++stats_.userspace_exits;
+  if (e.end == ExitEnd::kOpenAtEnd) {
+    ++stats_.open_at_end;
+  } else if (e.end == ExitEnd::kNotTraced) {
+    ++stats_.exits_time_unknown;
+  } else {
+    if (kernel) ++stats_.kernel_exits;
+    if (e.userspace) ++stats_.userspace_exits;
+  }
   if (e.failed_vmentry) ++stats_.failed_vmentry;
   if (sink_ != nullptr) sink_->OnExit(e);
 }
@@ -272,50 +507,32 @@ void KvmPairer::Feed(const KvmRecord& r) {
     t.vcpu = r.vcpu_id;
   }
 
-  if (t.held) {
-    ExitEvent& h = t.held_ev;
-    const bool pio_done = r.type == KvmEventType::kPio && r.write == 0 &&
-                          (h.subkey_kind == SubKeyKind::kNone ||
-                           (h.subkey_kind == SubKeyKind::kPort && h.subkey == r.addr));
-    const bool mmio_done = r.type == KvmEventType::kMmio && r.mmio_type == kKvmMmioRead &&
-                           h.subkey_kind == SubKeyKind::kMmio && h.subkey == r.addr;
-    if (pio_done || mmio_done) {
-      if (pio_done) {
-        h.subkey_kind = SubKeyKind::kPort;
-        h.subkey = r.addr;
-        h.size = static_cast<uint8_t>(r.size);
-        h.dir = Direction::kRead;
-      }
-      h.value = r.data;
-      ++stats_.completions;
-      FlushHeld(t);
-      return;
-    }
-    if (!KeepsHold(r.type)) FlushHeld(t);
+  if (t.held != Hold::kNone && ResolveHeld(t, r)) {
+    t.window_fresh = false;
+    return;
   }
-
-  const auto fill_ids = [&](ExitEvent& e) {
-    e.tid = static_cast<uint32_t>(r.tid);
-    e.vm = static_cast<uint32_t>(t.tgid >= 0 ? t.tgid : r.tid);
-    e.vcpu = VcpuOf(r.tid, t);
-  };
 
   switch (r.type) {
     case KvmEventType::kExit:
-      if (t.phase == Phase::kKernelExit) ++stats_.unpaired_exits;
+      if (t.phase == Phase::kKernelExit) {
+        if (t.seen_entry) {
+          ++stats_.unpaired_exits;
+        } else {
+          EndOpen(t);  // no kvm_entry on this thread: counted without time
+        }
+      }
       if (t.phase == Phase::kUserExit) EndExit(t, r.ts);
-      if (t.children) stats_.children_outside_exit += t.children;
+      ClearWindow(t, true);
       StartKernelExit(t, r);
-      fill_ids(t.ev);
+      FillIds(t, &t.ev);
       break;
     case KvmEventType::kEntry:
+      t.seen_entry = true;
       if (t.phase != Phase::kIdle) {
         EndExit(t, r.ts);
       } else {
         ++stats_.entries_without_exit;
-        if (t.children) stats_.children_outside_exit += t.children;
-        t.children = 0;
-        t.child = Child{};
+        ClearWindow(t, true);
       }
       break;
     case KvmEventType::kUserspaceExit:
@@ -329,21 +546,43 @@ void KvmPairer::Feed(const KvmRecord& r) {
       }
       if (t.phase == Phase::kUserExit) ++stats_.unpaired_exits;
       StartUserExit(t, r);
-      fill_ids(t.ev);
+      FillIds(t, &t.ev);
       break;
     case KvmEventType::kFpu:
       if (r.write == 1) {  // load: KVM_RUN entered, the guest is about to run
         if (t.phase == Phase::kUserExit) {
           EndExit(t, r.ts);
-        } else if (t.phase == Phase::kIdle && t.children) {
-          stats_.children_outside_exit += t.children;
+        } else if (t.phase == Phase::kIdle) {
+          // A window that ended without an exit: its accesses were handled in the kernel.
+          EmitWindowAsKernel(t);
+          if (t.children) stats_.children_outside_exit += t.children;
           t.children = 0;
           t.child = Child{};
+        }
+        if (t.phase == Phase::kIdle) {
+          t.window_fresh = true;
+          t.last_rip = 0;
+          t.insn_dir = Direction::kNone;
         }
       }
       break;
     default:
-      if (IsChild(r.type)) AddChild(t, r);
+      if (t.phase == Phase::kKernelExit) {
+        if (IsChild(r.type)) AddChild(t, r);
+        break;
+      }
+      if (IsAccess(r.type)) {
+        AddAccess(t, r);
+      } else if (IsChild(r.type)) {
+        if (r.type == KvmEventType::kEmulateInsn) {
+          t.last_rip = r.guest_rip;
+          t.insn_dir = PortInsnDirection(r);
+          t.window_fresh = false;
+        } else if (r.type == KvmEventType::kPageFault && r.vcpu_id >= 0) {
+          t.vcpu = r.vcpu_id;
+        }
+        ++t.children;
+      }
       break;
   }
 }
@@ -355,21 +594,19 @@ void KvmPairer::OnLost(uint32_t cpu, int64_t count) {
     if (t.last_cpu != cpu) continue;
     FlushHeld(t);
     if (t.phase != Phase::kIdle) ++stats_.unpaired_exits;
-    if (t.children) stats_.children_outside_exit += t.children;
+    ClearWindow(t, true);
     t.phase = Phase::kIdle;
-    t.children = 0;
-    t.child = Child{};
+    t.hold_next = Hold::kNone;
+    t.window_fresh = true;
   }
 }
 
 void KvmPairer::Finish() {
   for (auto& [tid, t] : threads_) {
     FlushHeld(t);
-    if (t.phase != Phase::kIdle) ++stats_.unpaired_exits;
-    if (t.children) stats_.children_outside_exit += t.children;
-    t.phase = Phase::kIdle;
-    t.children = 0;
-    t.child = Child{};
+    EndOpen(t);
+    ClearWindow(t, true);
+    t.window_fresh = true;
   }
 }
 

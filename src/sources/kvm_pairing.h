@@ -10,21 +10,43 @@
 //     direction, value and whether it went to userspace.
 //
 //  2. Userspace exits where kvm_exit / kvm_entry never fire (kvm-pvm on these machines).
-//     Per KVM_RUN the capture shows, on one thread:
+//     Per KVM_RUN (a "run window") the capture shows, on one thread:
 //
 //        kvm_fpu load            <- KVM_RUN entered: the guest runs from here
+//        kvm_pio pio_read / kvm_mmio read   <- completion of the PREVIOUS exit (a read)
 //        kvm_emulate_insn        -+
-//        kvm_pio / kvm_mmio       |  children: they come BEFORE the exit record
+//        kvm_pio / kvm_mmio       |  this window's accesses: they come BEFORE the exit record
 //        kvm_fpu unload          -+
 //        kvm_userspace_exit      <- exit starts (the VMM handles it from here)
 //        ...                        (VMM time)
 //        kvm_fpu load            <- exit ends: next KVM_RUN (or kvm_entry if it fires)
 //
-//     So children are collected from the last re-entry marker on, and handed to the
-//     userspace exit that follows them; the exit lasts from kvm_userspace_exit to the next
-//     kvm_fpu load or kvm_entry on that thread. A read's completion (kvm_pio pio_read,
-//     kvm_mmio read) fires after re-entry: the finished exit is held until the thread's
-//     next record, and a matching completion attaches its port/address and value.
+//     Attribution (the kernel's emit order: x86.c emulator_pio_out traces a write before it
+//     exits; a read that goes to userspace is traced only by complete_emulator_pio_in, i.e.
+//     first thing in the next window, before any instruction is emulated; kvm_mmio traces
+//     unsatisfied-read at the exit and read at completion; in-kernel devices, ioeventfd and
+//     QEMU's coalesced PIO/MMIO are traced like any access but no exit follows):
+//      - A window's first access, before any kvm_emulate_insn, is the previous exit's
+//        completion when that exit may be a read of the same kind (IO: any port; MMIO: the
+//        same gpa). It gives the exit its port / value.
+//      - The exit's own access is the window's LAST access of the exit's kind: a pio_write
+//        for KVM_EXIT_IO, a write or unsatisfied-read for KVM_EXIT_MMIO, a kvm_hypercall for
+//        KVM_EXIT_HYPERCALL. A KVM_EXIT_IO whose last kvm_emulate_insn decodes as IN/INS, or
+//        whose window has no pio_write, is a read: its port comes with the completion.
+//        A KVM_EXIT_IO with a pio_write and no decodable instruction is decided by the next
+//        window: a pio_read first there completes it as a read (the write was handled in
+//        the kernel: QEMU's `out 0x70; in 0x71`), anything else makes the write the exit's.
+//      - Every other access of the window (earlier writes, reads that are not completions,
+//        kvm_msr: userspace MSR exits trace no kvm_msr) was handled in the kernel. Each is
+//        emitted as an ExitEvent with kernel_access set and end kNotTraced (no exit record
+//        of its own, so no time), before the exit it preceded.
+//
+// Ends (ExitEvent::end): an exit still open when the input ends (kvm_userspace_exit never
+// followed by a re-entry, kvm_exit never followed by kvm_entry on a thread that has
+// entries) is emitted by Finish() with end kOpenAtEnd and duration 0. On a thread that has
+// never shown a kvm_entry (a `trace-cmd report | grep kvm_exit` text), every kvm_exit is
+// emitted with end kNotTraced when the thread's next exit (or the end) comes: counted, with
+// its reason, but no time.
 //
 // Nothing is dropped silently: records outside any exit, exits without an end, entries
 // without an exit and records lost in ring-buffer overruns are counted in KvmPairingStats.
@@ -42,6 +64,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 #include "sources/event.h"
 #include "sources/kvm_decode.h"
@@ -82,17 +105,24 @@ struct KvmPairerOptions {
 struct KvmPairingStats {
   std::array<uint64_t, kKvmEventTypeCount> records{};  // per KvmEventType (kOther included)
   uint64_t records_total = 0;
-  uint64_t exits = 0;                  // ExitEvents emitted
-  uint64_t kernel_exits = 0;           // of which paired kvm_exit -> kvm_entry
-  uint64_t userspace_exits = 0;        // of which reached userspace
-  uint64_t lost_events = 0;            // records the ring buffer reported lost
-  uint64_t lost_markers = 0;           // loss reports (some without a count)
-  uint64_t unpaired_exits = 0;         // kvm_exit / kvm_userspace_exit never ended (trace end,
-                                       // another exit first, or state discarded after a loss)
-  uint64_t entries_without_exit = 0;   // kvm_entry with no open kvm_exit (the first per thread)
-  uint64_t children_outside_exit = 0;  // pio/mmio/msr/... not followed by any exit on their thread
+  uint64_t exits = 0;                 // ExitEvents emitted (every kind below, accesses included)
+  uint64_t kernel_exits = 0;          // paired kvm_exit -> kvm_entry
+  uint64_t userspace_exits = 0;       // paired exits that reached userspace
+  uint64_t open_at_end = 0;           // exits emitted open at end of trace (also in unpaired_exits)
+  uint64_t exits_time_unknown = 0;    // kvm_exit emitted without time: thread has no kvm_entry
+  uint64_t kernel_accesses = 0;       // accesses handled in the kernel with no exit record
+  uint64_t lost_events = 0;           // records the ring buffer reported lost
+  uint64_t lost_markers = 0;          // loss reports (some without a count)
+  uint64_t unpaired_exits = 0;        // kvm_exit / kvm_userspace_exit never ended (trace end,
+                                      // another exit first, or state discarded after a loss)
+  uint64_t entries_without_exit = 0;  // kvm_entry with no open kvm_exit (the first per thread)
+  uint64_t children_outside_exit = 0;  // child records that went to no exit (see kvm.md)
   uint64_t completions = 0;            // read completions attached to their exit after re-entry
   uint64_t failed_vmentry = 0;
+  // Exits paired with their end (time known).
+  uint64_t paired() const noexcept {
+    return exits - kernel_accesses - open_at_end - exits_time_unknown;
+  }
 };
 
 class KvmPairer {
@@ -131,31 +161,67 @@ class KvmPairer {
     uint64_t value = 0;
     uint64_t rip = 0;
   };
+  // One access record in a run window (userspace mode).
+  struct Access {
+    uint64_t ts = 0;
+    uint64_t key = 0;
+    uint64_t value = 0;
+    uint64_t rip = 0;  // of the last kvm_emulate_insn before it, 0 when none
+    SubKeyKind kind = SubKeyKind::kNone;
+    Direction dir = Direction::kNone;
+    uint8_t size = 0;
+    bool unsatisfied = false;  // kvm_mmio unsatisfied-read
+  };
   enum class Phase : uint8_t { kIdle, kKernelExit, kUserExit };
+  // What a finished userspace exit waits for in the next window.
+  enum class Hold : uint8_t {
+    kNone,
+    kPioRead,   // a read: its completion gives the port and value
+    kPioMaybe,  // a pio_write candidate and no instruction bytes: a read if a completion comes
+    kMmioRead,  // an unsatisfied-read: the read at completion gives the value
+  };
   struct Thread {
     Phase phase = Phase::kIdle;
     uint32_t last_cpu = 0;
+    int32_t tid = 0;
     int32_t tgid = -1;
     int64_t vcpu = -1;
     mutable int64_t vcpu_index = -1;  // index by thread order, cached (see VcpuOf)
     uint64_t exit_ts = 0;
     ExitEvent ev;  // the exit being built
     bool ev_is_kernel = false;
-    uint32_t children = 0;  // child records collected for the next / current exit
-    Child child;            // the most informative child so far
-    bool held = false;      // a finished exit waiting for a read completion
+    bool seen_entry = false;  // a kvm_entry came on this thread: kernel exits have ends
+    uint32_t children = 0;    // non-access child records collected for the next / current exit
+    Child child;              // kernel exits: the most informative child so far
+    // Userspace mode: the current run window.
+    std::vector<Access> window;
+    bool window_fresh = true;  // no kvm_emulate_insn and no access since the last re-entry
+    uint64_t last_rip = 0;     // of the window's last kvm_emulate_insn
+    Direction insn_dir = Direction::kNone;  // IN / OUT of the window's last kvm_emulate_insn
+    Hold hold_next = Hold::kNone;           // what the exit being built will wait for once ended
+    Access candidate;                       // the pio_write of a kPioMaybe exit
+    // A finished exit waiting for the next window's first records.
+    Hold held = Hold::kNone;
     ExitEvent held_ev;
   };
 
   Thread& ThreadOf(const KvmRecord& r);
   void AddChild(Thread& t, const KvmRecord& r);
+  void AddAccess(Thread& t, const KvmRecord& r);
   void ApplyChild(const Thread& t, ExitEvent* e) const;
   void StartKernelExit(Thread& t, const KvmRecord& r);
   void StartUserExit(Thread& t, const KvmRecord& r);
   void EndExit(Thread& t, uint64_t end_ts);
+  // The held exit and `r`: true when `r` completed it (and was consumed).
+  bool ResolveHeld(Thread& t, const KvmRecord& r);
   void Emit(const ExitEvent& e, bool kernel);
+  void EmitAccess(Thread& t, const Access& a);
+  void EmitWindowAsKernel(Thread& t);
+  void ClearWindow(Thread& t, bool count_outside);
   void FlushHeld(Thread& t);
+  void EndOpen(Thread& t);
   void Resolve(ExitEvent* e) const;
+  void FillIds(Thread& t, ExitEvent* e);
   std::string_view Intern(std::string s);
   uint32_t VcpuOf(int32_t tid, const Thread& t);
 

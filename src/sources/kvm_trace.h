@@ -76,6 +76,9 @@ struct KvmRecord {
   // error_code.
   uint32_t exit_reason = 0;
   uint32_t isa = 0;  // 1 VMX, 2 SVM, 3 PVM
+  // Text sources only: the reason as the trace printed it when no table knows it (empty
+  // otherwise); views the source's text, valid until the next record.
+  std::string_view reason_name{};
   uint64_t guest_rip = 0;
   uint64_t info1 = 0;
   uint64_t info2 = 0;

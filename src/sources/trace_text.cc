@@ -89,6 +89,7 @@ int HexVal(char c) noexcept {
 // kvm_exit: "vcpu 0 reason EPT_VIOLATION rip 0x... info1 0x... info2 0x... intr_info ..."
 bool ParseExit(SV p, const TextOptions& o, KvmRecord* r) noexcept {
   uint64_t v = 0;
+  r->reason_name = {};
   r->vcpu_id = NumAfter(p, "vcpu ", &v) ? static_cast<int64_t>(v) : -1;
   const size_t at = p.find("reason ");
   if (at == SV::npos) return false;
@@ -117,6 +118,7 @@ bool ParseExit(SV p, const TextOptions& o, KvmRecord* r) noexcept {
   const bool numeric = TakeNum(num, &n) && num.empty();
   if (numeric) {
     code = static_cast<uint32_t>(n);
+    r->reason_name = name;  // used only when no table knows the number
     isa = o.isa;
     if (isa == Isa::kUnknown) {
       // A bare number is what the kernel prints for a reason its table lacks: PVM reasons
@@ -127,6 +129,7 @@ bool ParseExit(SV p, const TextOptions& o, KvmRecord* r) noexcept {
     if (!LookupExitReasonName(name, &code, &isa)) {
       isa = Isa::kUnknown;
       code = 0;
+      r->reason_name = name;  // no table knows it: it stays as the trace printed it
     }
     if (o.isa == Isa::kPvm && isa == Isa::kSvm) isa = Isa::kPvm;  // same number, PVM table
   }
@@ -528,7 +531,17 @@ Status TraceText::ReadAll(KvmPairer* pairer) {
     const size_t end = nl ? static_cast<size_t>(nl - data_) : size_;
     SV line(data_ + pos, end - pos);
     ++lines_;
-    switch (ParseTraceLine(line, options_, &rec, &lost)) {
+    const TextLineKind kind = ParseTraceLine(line, options_, &rec, &lost);
+    if (nl == nullptr && kind != TextLineKind::kSkip) {
+      // The file ends inside this line: a cut record must not be read as a shorter one
+      // ("val 0x4" for "val 0x41"), so a last event line without its newline is refused.
+      pairer->Finish();
+      return Fail(ErrorCode::kCorrupt,
+                  fmt::format("{}: offset {}: truncated last line (line {}, from offset {}, "
+                              "ends without a newline: the file was cut mid-line)",
+                              name_, size_, lines_, pos));
+    }
+    switch (kind) {
       case TextLineKind::kRecord:
         ++records_;
         pairer->Feed(rec);

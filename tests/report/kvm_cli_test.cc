@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -36,7 +37,7 @@ class KvmCli : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!std::filesystem::exists(kBin)) GTEST_SKIP() << "exitscope binary not built: " << kBin;
-    if (!std::filesystem::exists(kDat)) GTEST_SKIP() << "capture not found: " << kDat;
+    ASSERT_TRUE(std::filesystem::exists(kDat)) << "committed capture missing: " << kDat;
   }
 };
 
@@ -79,6 +80,66 @@ TEST_F(KvmCli, BadInputAndUsageExitTwoWithOneLine) {
     EXPECT_EQ(r.out.rfind("exitscope kvm", 0), 0u) << args << "\n" << r.out;
     EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << args << "\n" << r.out;
   }
+}
+
+const std::string kJointDat = std::string(EXITSCOPE_TESTDATA_DIR) + "/kvm-host/joint-blk.dat";
+const std::string kJointDump = std::string(EXITSCOPE_TESTDATA_DIR) + "/kvm-host/joint-blk.esdump";
+
+TEST_F(KvmCli, RealHostRunShowsOpenAtEndAndPortsByTheirOwnExits) {
+  ASSERT_TRUE(std::filesystem::exists(kJointDat)) << "committed capture missing: " << kJointDat;
+  const CmdResult r = Exec("kvm report -i " + kJointDat + " --tsc-mhz 2600 --event ioport " +
+                           "--device-map " + kJointDump);
+  ASSERT_EQ(r.status, 0) << r.out;
+  // 62 LSR reads, each completed in the window after its exit; 63 THR writes.
+  EXPECT_NE(r.out.find("           0x3fd:PIN         62 "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("          0x3f8:POUT         63 "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("uart0.LSR"), std::string::npos) << r.out;
+  // The exit that ends each vCPU (the debug-exit port) never re-enters.
+  EXPECT_NE(r.out.find("Open at end of trace: 2 exits"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("IO 0x500:POUT (debug0.EXIT), started and never re-entered"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("1442 exits paired"), std::string::npos) << r.out;
+
+  const CmdResult j = Exec("kvm report -i " + kJointDat + " --tsc-mhz 2600 --format json");
+  ASSERT_EQ(j.status, 0) << j.out;
+  const auto json = nlohmann::json::parse(j.out);
+  EXPECT_EQ(json["open_at_end_count"], 2);
+  ASSERT_EQ(json["open_at_end"].size(), 2u);
+  EXPECT_EQ(json["open_at_end"][0]["reason"], "IO");
+  EXPECT_EQ(json["pairing"]["paired"], 1442);
+  EXPECT_EQ(json["all"]["samples"], 1442);
+}
+
+TEST_F(KvmCli, ExitsWithoutEntriesGiveSamplesAndUnknownTimes) {
+  const std::string path = ::testing::TempDir() + "/grep-kvm-exit.txt";
+  {
+    std::ofstream f(path);
+    for (int i = 0; i < 3; ++i) {
+      f << "  qemu-7 [000]  1.00000" << i << "000: kvm_exit: vcpu 0 reason HLT rip 0x1000 info1 "
+        << "0x0 info2 0x0 intr_info 0x0 error_code 0x0\n";
+    }
+    f << "  qemu-7 [000]  1.000009000: kvm_exit: vcpu 0 reason NEW_REASON rip 0x1000 info1 0x0 "
+         "info2 0x0 intr_info 0x0 error_code 0x0\n";
+  }
+  const CmdResult r = Exec("kvm report -i " + path);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("                 HLT          3    75.00%         -           -"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("          NEW_REASON          1    25.00%"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("UNKNOWN("), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Time unknown: 4 exits"), std::string::npos) << r.out;
+  const CmdResult j = Exec("kvm report -i " + path + " --format json");
+  ASSERT_EQ(j.status, 0) << j.out;
+  const auto json = nlohmann::json::parse(j.out);
+  const auto& row = json["all"]["rows"][0];
+  EXPECT_EQ(row["key"], "HLT");
+  EXPECT_EQ(row["samples"], 3);
+  EXPECT_EQ(row["untimed_samples"], 3);
+  EXPECT_TRUE(row["min_ns"].is_null());
+  ASSERT_FALSE(json["notes"].empty());
+  EXPECT_NE(json["notes"][0].get<std::string>().find("Time unknown"), std::string::npos);
 }
 
 }  // namespace

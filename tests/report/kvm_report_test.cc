@@ -167,5 +167,107 @@ TEST(KvmReport, SlowExitLine) {
             "123 VM 16330, vcpu 1: IO 0x3f8:POUT (com1.THR) event took 39usec");
 }
 
+TEST(KvmReport, AccessesHandledInTheKernelAreCountedApartAndUntimed) {
+  KvmAggregator agg({.event = KvmEventClass::kIoport});
+  for (int i = 0; i < 3; ++i) {
+    ExitEvent w;  // a coalesced 0x70 write: no exit of its own
+    w.reason = "PIO";
+    w.subkey_kind = SubKeyKind::kPort;
+    w.subkey = 0x70;
+    w.dir = Direction::kWrite;
+    w.kernel_access = true;
+    w.end = ExitEnd::kNotTraced;
+    agg.OnExit(w);
+    ExitEvent r = Exit("IO", 8000);  // the in 0x71 that exits
+    r.userspace = true;
+    r.subkey_kind = SubKeyKind::kPort;
+    r.subkey = 0x71;
+    r.dir = Direction::kRead;
+    agg.OnExit(r);
+  }
+  ExitEvent open = Exit("IO", 0);
+  open.userspace = true;
+  open.subkey_kind = SubKeyKind::kPort;
+  open.subkey = 0xf4;
+  open.dir = Direction::kWrite;
+  open.end = ExitEnd::kOpenAtEnd;
+  open.start_ns = 777;
+  agg.OnExit(open);
+  agg.Finish();
+  sources::KvmPairingStats stats;
+  stats.exits = 7;
+  stats.kernel_accesses = 3;
+  stats.open_at_end = 1;
+  stats.unpaired_exits = 1;
+  stats.userspace_exits = 3;
+  KvmReportContext ctx{.input = "q.dat", .format = "trace-cmd .dat", .pairing = &stats};
+  const std::string t = RenderKvmTable(agg.analysis(), ctx, {});
+  EXPECT_NE(t.find("To VMM In kernel"), std::string::npos) << t;
+  std::istringstream lines(t);
+  std::string line, row70, row71;
+  while (std::getline(lines, line)) {
+    if (line.find("0x70:POUT") != std::string::npos) row70 = line;
+    if (line.find("0x71:PIN") != std::string::npos) row71 = line;
+  }
+  EXPECT_EQ(row70.rfind("           0x70:POUT          3    50.00%         -           -", 0), 0u)
+      << t;
+  EXPECT_NE(row70.find("         0         3"), std::string::npos) << row70;
+  EXPECT_NE(row71.find("         3         0"), std::string::npos) << row71;
+  EXPECT_NE(row71.find("8.00us"), std::string::npos) << row71;
+  EXPECT_NE(t.find("Total Samples:6, "), std::string::npos) << t;
+  EXPECT_NE(t.find("Handled in the kernel: 3 accesses"), std::string::npos) << t;
+  EXPECT_NE(t.find("Open at end of trace: 1 exits"), std::string::npos) << t;
+  EXPECT_NE(t.find("  open at end of trace: 777 VM 16330, vcpu 0: IO 0xf4:POUT"), std::string::npos)
+      << t;
+  EXPECT_NE(t.find("3 exits paired"), std::string::npos) << t;
+
+  const auto j = nlohmann::json::parse(RenderKvmJson(agg.analysis(), ctx, {}));
+  EXPECT_EQ(j["all"]["samples"], 6);
+  EXPECT_EQ(j["all"]["in_kernel"], 3);
+  EXPECT_EQ(j["open_at_end_count"], 1);
+  EXPECT_EQ(j["open_at_end"][0]["key"], "0xf4:POUT");
+  EXPECT_EQ(j["open_at_end"][0]["start_ns"], 777);
+  EXPECT_EQ(j["pairing"]["paired"], 3);
+  EXPECT_EQ(j["pairing"]["kernel_accesses"], 3);
+  for (const auto& row : j["all"]["rows"]) {
+    if (row["key"] == "0x70:POUT") {
+      EXPECT_EQ(row["in_kernel"], 3);
+      EXPECT_EQ(row["to_vmm"], 0);
+      EXPECT_EQ(row["timed_samples"], 0);
+      EXPECT_TRUE(row["mean_ns"].is_null());
+    } else {
+      EXPECT_EQ(row["to_vmm"], 3);
+      EXPECT_EQ(row["min_ns"], 8000);
+    }
+  }
+
+  // The exit tables leave the accesses out.
+  KvmAggregator exits({});
+  for (int i = 0; i < 2; ++i) {
+    ExitEvent w;
+    w.reason = "PIO";
+    w.subkey_kind = SubKeyKind::kPort;
+    w.kernel_access = true;
+    w.end = ExitEnd::kNotTraced;
+    exits.OnExit(w);
+  }
+  exits.OnExit(Exit("IO", 10));
+  EXPECT_EQ(exits.analysis().all.samples, 1u);
+  EXPECT_EQ(exits.analysis().kernel_accesses_skipped, 2u);
+}
+
+TEST(KvmReport, JsonNeverAbortsOnBytesThatAreNotUtf8) {
+  KvmAggregator agg({});
+  const std::string latin1 = "caf\xe9";  // a Latin-1 reason / file name
+  agg.OnExit(Exit(latin1, 10));
+  agg.Finish();
+  KvmReportContext ctx{.input = "trace-\xff\xfe.txt", .format = "trace-cmd report"};
+  std::string out;
+  ASSERT_NO_THROW(out = RenderKvmJson(agg.analysis(), ctx, {}));
+  const auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["input"]["file"], "trace-\xef\xbf\xbd\xef\xbf\xbd.txt");  // U+FFFD each
+  EXPECT_EQ(j["all"]["rows"][0]["key"], "caf\xef\xbf\xbd");
+}
+
 }  // namespace
 }  // namespace exitscope::report

@@ -118,7 +118,7 @@ TEST(KvmDeviceMap, NamesTheCapturePortsThroughThePairer) {
   auto in = TraceCmdDat::Open(dat);
   ASSERT_TRUE(in.has_value());
   ASSERT_TRUE((*in)->ReadAll(&pairer).has_value());
-  EXPECT_EQ(sink.com1, 3000u);  // 3001 kvm_pio on 0x3f8, the last exit never ended
+  EXPECT_EQ(sink.com1, 3001u);  // 3001 kvm_pio on 0x3f8; the last exit is open at end of trace
   EXPECT_EQ(sink.doorbell, 3000u);
   EXPECT_EQ(sink.unresolved, 2u);  // the debug port 0xe9
 }

@@ -166,9 +166,13 @@ TEST(KvmPairing, KernelExitPairsWithNextEntryAndTakesChildren) {
   p.Feed(Entry(2500, 2));
   p.Feed(Exit(0x20000, 3, 3000, 2, 0x17088208));  // PVM HYPERCALL carrying HC_WRMSR
   p.Feed(Entry(3100, 2));
-  p.Feed(Exit(12, 1, 4000, 2));  // never re-entered
+  p.Feed(Exit(12, 1, 4000, 2));  // never re-entered: open at end of trace
   p.Finish();
-  ASSERT_EQ(sink.exits.size(), 3u);
+  ASSERT_EQ(sink.exits.size(), 4u);
+  EXPECT_EQ(sink.exits[3].reason, "HLT");
+  EXPECT_EQ(sink.exits[3].e.end, ExitEnd::kOpenAtEnd);
+  EXPECT_EQ(sink.exits[3].e.start_ns, 4000u);
+  EXPECT_EQ(p.stats().open_at_end, 1u);
   EXPECT_EQ(sink.exits[0].reason, "EPT_VIOLATION");
   EXPECT_TRUE(sink.exits[0].e.userspace);
   EXPECT_EQ(sink.exits[0].user_reason, "MMIO");

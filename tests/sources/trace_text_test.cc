@@ -208,9 +208,11 @@ TEST(TraceText, ReadAllPairsAndCountsLoss) {
   Count sink;
   KvmPairer p({}, &sink);
   ASSERT_TRUE((*t)->ReadAll(&p).has_value());
-  EXPECT_EQ(sink.n, 1);
+  EXPECT_EQ(sink.n, 2);  // the IO exit, and the HLT exit emitted open at end of trace
+  EXPECT_EQ(p.stats().paired(), 1u);
   EXPECT_EQ(p.stats().lost_events, 7u);
   EXPECT_EQ(p.stats().unpaired_exits, 1u);  // the HLT exit never ended
+  EXPECT_EQ(p.stats().open_at_end, 1u);
 }
 
 TEST(TraceText, MalformedLineIsAnErrorWithLineAndOffset) {
@@ -241,6 +243,70 @@ TEST(TraceText, MalformedLineIsAnErrorWithLineAndOffset) {
   auto empty = TraceText::FromString("", "empty.txt");
   ASSERT_FALSE(empty.has_value());
   EXPECT_NE(empty.error().message.find("empty.txt"), std::string::npos);
+}
+
+TEST(TraceText, RecordCutMidValueIsTruncatedAtTheExactOffset) {
+  // The last record parses as a shorter one ("val 0x4" for "val 0x41"): it must be refused.
+  const std::string good =
+      "  vmm-10 [000]  1.000000000: kvm_fpu: load\n"
+      "  vmm-10 [000]  1.000000100: kvm_pio: pio_write at 0x3f8 size 1 count 1 val 0x41 \n";
+  const std::string cut =
+      "  vmm-10 [000]  1.000000200: kvm_pio: pio_write at 0x3f8 size 1 count "
+      "1 val 0x4";
+  auto t = TraceText::FromString(good + cut, "cut.txt");
+  ASSERT_TRUE(t.has_value()) << t.error().message;
+  KvmPairer p({}, nullptr);
+  const Status s = (*t)->ReadAll(&p);
+  ASSERT_FALSE(s.has_value());
+  EXPECT_EQ(s.error().code, ErrorCode::kCorrupt);
+  EXPECT_NE(s.error().message.find("cut.txt: offset " + std::to_string(good.size() + cut.size()) +
+                                   ": truncated last line (line 3, from offset " +
+                                   std::to_string(good.size())),
+            std::string::npos)
+      << s.error().message;
+  EXPECT_EQ(p.stats().records[static_cast<size_t>(KvmEventType::kPio)], 1u);
+  // A complete last line and a trailing partial comment are fine.
+  auto whole = TraceText::FromString(good + "# end", "whole.txt");
+  ASSERT_TRUE(whole.has_value());
+  KvmPairer p2({}, nullptr);
+  EXPECT_TRUE((*whole)->ReadAll(&p2).has_value());
+}
+
+struct Reasons : EventSink {
+  std::vector<std::string> reasons;
+  std::vector<ExitEnd> ends;
+  void OnExit(const ExitEvent& e) override {
+    reasons.emplace_back(e.reason);
+    ends.push_back(e.end);
+  }
+};
+
+TEST(TraceText, ExitsWithoutEntriesKeepTheirPrintedReasonsAndHaveNoTime) {
+  // `trace-cmd report | grep kvm_exit`: exits and nothing else, a reason no table knows, and a
+  // bare number that is no PVM reason.
+  const std::string text =
+      "  qemu-7 [000]  1.000000000: kvm_exit: vcpu 0 reason HLT rip 0x1000 info1 0x0 info2 0x0 "
+      "intr_info 0x0 error_code 0x0\n"
+      "  qemu-7 [000]  1.000001000: kvm_exit: vcpu 0 reason FANCY_NEW_EXIT rip 0x1002 info1 0x0 "
+      "info2 0x0 intr_info 0x0 error_code 0x0\n"
+      "  qemu-7 [000]  1.000002000: kvm_exit: vcpu 0 reason 4242 rip 0x1004 info1 0x0 info2 "
+      "0x0 intr_info 0x0 error_code 0x0\n"
+      "  qemu-7 [000]  1.000003000: kvm_exit: vcpu 0 reason HLT rip 0x1000 info1 0x0 info2 0x0 "
+      "intr_info 0x0 error_code 0x0\n";
+  auto t = TraceText::FromString(text, "grep.txt");
+  ASSERT_TRUE(t.has_value()) << t.error().message;
+  Reasons sink;
+  KvmPairer p({}, &sink);
+  ASSERT_TRUE((*t)->ReadAll(&p).has_value());
+  ASSERT_EQ(sink.reasons.size(), 4u);
+  EXPECT_EQ(sink.reasons[0], "HLT");
+  EXPECT_EQ(sink.reasons[1], "FANCY_NEW_EXIT");
+  EXPECT_EQ(sink.reasons[2], "4242");
+  EXPECT_EQ(sink.reasons[3], "HLT");
+  for (ExitEnd e : sink.ends) EXPECT_EQ(e, ExitEnd::kNotTraced);
+  EXPECT_EQ(p.stats().exits_time_unknown, 4u);
+  EXPECT_EQ(p.stats().paired(), 0u);
+  EXPECT_EQ(p.stats().unpaired_exits, 0u);
 }
 
 }  // namespace

@@ -28,10 +28,18 @@ TEST(InflightIoRace, CollectAgedNeverMixesTwoSubmissions) {
   std::vector<std::thread> writers;
   for (uint64_t w = 0; w < 2; ++w) {
     writers.emplace_back([&t, w] {
-      for (uint64_t i = 0; i < kPerThread; ++i) {
-        const uint64_t id = (w << 40) | (i + 1);
-        t.Submit(DeviceOf(id), id, StartOf(id));
-        t.Complete(DeviceOf(id), id);
+      // Six I/Os in flight per writer: the 16-slot table is mostly full, and slots are freed
+      // and claimed again all the time under the collector.
+      constexpr uint64_t kWindow = 6;
+      for (uint64_t i = 0; i < kPerThread + kWindow; ++i) {
+        if (i < kPerThread) {
+          const uint64_t id = (w << 40) | (i + 1);
+          t.Submit(DeviceOf(id), id, StartOf(id));
+        }
+        if (i >= kWindow) {
+          const uint64_t old = (w << 40) | (i - kWindow + 1);
+          t.Complete(DeviceOf(old), old);
+        }
       }
     });
   }

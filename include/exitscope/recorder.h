@@ -97,6 +97,9 @@ struct alignas(64) VcpuSlot {
   // exit_no of the last stall whose end finding was claimed (compare-and-swap, by the vCPU's
   // slow path or by the watchdog, whichever sees the end first; never on the hot path).
   std::atomic<uint64_t> end_claimed{0};
+  // exit_no of the last stall whose stuck finding is out (set by the watchdog after it): the
+  // vCPU emits an end only after its begin; otherwise the watchdog's next poll emits it.
+  std::atomic<uint64_t> begin_reported{0};
   uint64_t begins = 0;  // vCPU thread only
 };
 }  // namespace internal

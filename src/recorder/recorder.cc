@@ -247,7 +247,11 @@ void Recorder::SlowPath(const ExitRecord& unresolved, uint64_t stalled_exit_no) 
     const std::string prefix = ExitLinePrefix(*this, r);
     FindingRecord f = ExitFinding(r, FindingType::kSlowExit, now_ns, ns);
     const bool stalled = stalled_exit_no != 0;
-    if (stalled && ClaimStallEnd(slots_[r.vcpu], stalled_exit_no)) {
+    // The end is ours only once the stuck finding is out (an end never precedes its begin);
+    // else the watchdog's next poll emits it.
+    internal::VcpuSlot& slot = slots_[r.vcpu];
+    if (stalled && slot.begin_reported.load(std::memory_order_acquire) >= stalled_exit_no &&
+        ClaimStallEnd(slot, stalled_exit_no)) {
       FindingRecord end = f;
       end.type = FindingType::kStuckExitEnd;
       end.text = StallEndLine(prefix, ns);
@@ -549,14 +553,15 @@ class Watchdog {
       f.vcpu = v;
       f.text = "vCPU " + std::to_string(v) + ": stuck in " + ExitDescription(*rec, r) + " for " +
                FormatDurationNs(f.duration_ns) + " (still inside)";
-      // The begin finding goes out before the flag is set, so an end finding (from the vCPU,
-      // which acts on the flag, or from EndStall) always follows it. If the exit ends before
-      // the vCPU can see the flag, the next poll's EndStall emits the end.
+      // The flag first (a snapshot taken once the finding is out shows the exit stalled),
+      // then the finding, then `begin_reported`: the vCPU emits the end only after that; if it
+      // ends earlier, or before it can see the flag, the next poll's EndStall emits the end.
       stall.seen_ns = f.duration_ns;
-      rec->AddFinding(std::move(f), true);
       stall.exit_no = no;
       stall.record = r;
       slot.stalled.store(no, std::memory_order_release);
+      rec->AddFinding(std::move(f), true);
+      slot.begin_reported.store(no, std::memory_order_release);
     }
     if (io_ticks == 0) return;
     const uint64_t now = clock.Now();

@@ -44,17 +44,22 @@ ExitRecord Derived(uint32_t vcpu, uint64_t n) {
 
 TEST(ConcurrencyTest, ExitRingSnapshotsNeverReturnTornRecords) {
   FlightRecorder fr(kWriters, 16);  // tiny rings: readers constantly race the writers
-  std::atomic<bool> done{false};
+  std::atomic<bool> done{false}, reading{false};
   std::vector<std::thread> writers;
   for (uint32_t v = 0; v < kWriters; ++v) {
     writers.emplace_back([&, v] {
+      // Start writing only once the reader runs: on a loaded machine the writers could
+      // otherwise finish before the reader's first snapshot, and nothing would race.
+      while (!reading.load()) std::this_thread::yield();
       for (uint64_t n = 1; n <= Iterations(); ++n) fr.ring(v).Write(Derived(v, n));
     });
   }
   uint64_t checked = 0, snapshots = 0;
   std::thread reader([&] {
     std::vector<ExitRecord> out;
-    while (!done.load()) {
+    reading.store(true);
+    for (bool last = false; !last;) {  // at least one pass, and one after the writers end
+      last = done.load();
       for (uint32_t v = 0; v < kWriters; ++v) {
         out.clear();
         fr.ring(v).Snapshot(&out);

@@ -8,6 +8,7 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "exitscope/recorder.h"
 
@@ -267,8 +268,12 @@ es_status es_resolve(const es_recorder* rec, es_space space, uint64_t addr, uint
 es_status es_begin_exit(es_recorder* rec, uint32_t vcpu, es_exit_kind kind, uint64_t addr,
                         uint8_t size, es_dir dir, uint64_t value) {
   if (rec == nullptr) return ES_OK;  // recording switched off: a no-op
-  // The enum's value is checked before any narrowing: 257 must not become 1 (MMIO).
-  const auto raw = static_cast<long long>(kind);
+  // The caller's integer is checked before any narrowing (257 must not become 1, MMIO), and
+  // read as bytes: a C caller may pass any int, which is not a value of the C++ enum type.
+  std::underlying_type_t<es_exit_kind> bits;
+  static_assert(sizeof bits == sizeof kind);
+  std::memcpy(&bits, &kind, sizeof bits);
+  const auto raw = static_cast<long long>(static_cast<std::make_signed_t<decltype(bits)>>(bits));
   const bool known = raw >= 0 && raw < exitscope::kExitKindCount;
   rec->rec->BeginExit(vcpu,
                       known ? static_cast<exitscope::ExitKind>(raw) : exitscope::ExitKind::kUnknown,

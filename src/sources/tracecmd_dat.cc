@@ -121,6 +121,8 @@ enum : uint16_t {
 // dependency on their headers). Missing library: files using it are refused by name.
 struct Codecs {
   size_t (*zstd_decompress)(void*, size_t, const void*, size_t) = nullptr;
+  void* (*zstd_create_dctx)() = nullptr;
+  size_t (*zstd_decompress_dctx)(void*, void*, size_t, const void*, size_t) = nullptr;
   unsigned (*zstd_is_error)(size_t) = nullptr;
   int (*zlib_uncompress)(unsigned char*, unsigned long*, const unsigned char*,
                          unsigned long) = nullptr;
@@ -131,6 +133,10 @@ struct Codecs {
         c.zstd_decompress =
             reinterpret_cast<decltype(c.zstd_decompress)>(::dlsym(z, "ZSTD_decompress"));
         c.zstd_is_error = reinterpret_cast<decltype(c.zstd_is_error)>(::dlsym(z, "ZSTD_isError"));
+        c.zstd_create_dctx =
+            reinterpret_cast<decltype(c.zstd_create_dctx)>(::dlsym(z, "ZSTD_createDCtx"));
+        c.zstd_decompress_dctx =
+            reinterpret_cast<decltype(c.zstd_decompress_dctx)>(::dlsym(z, "ZSTD_decompressDCtx"));
       }
       if (void* z = ::dlopen("libz.so.1", RTLD_NOW | RTLD_LOCAL)) {
         c.zlib_uncompress = reinterpret_cast<decltype(c.zlib_uncompress)>(::dlsym(z, "uncompress"));
@@ -148,7 +154,11 @@ struct Codecs {
   bool Decompress(std::string_view algo, const uint8_t* src, size_t src_len, uint8_t* dst,
                   size_t dst_len) const {
     if (algo == "zstd") {
-      const size_t n = zstd_decompress(dst, dst_len, src, src_len);
+      // One context per thread, reused: ZSTD_decompress would set one up per chunk.
+      thread_local void* dctx = zstd_create_dctx ? zstd_create_dctx() : nullptr;
+      const size_t n = dctx && zstd_decompress_dctx
+                           ? zstd_decompress_dctx(dctx, dst, dst_len, src, src_len)
+                           : zstd_decompress(dst, dst_len, src, src_len);
       return !zstd_is_error(n) && n == dst_len;
     }
     if (algo == "zlib") {

@@ -311,6 +311,18 @@ TEST(InspectRegression, NonUtf8StringsGiveValidJsonAndAWarning) {
   }
 }
 
+// A valid dump under a file name that is not UTF-8 (Latin-1 "\xe9"): JSON still valid.
+TEST(InspectRegression, ANonUtf8FileNameGivesValidJson) {
+  const std::string src = std::string(EXITSCOPE_TESTDATA_DIR) + "/kvm-host/hello-lsr-delay.esdump";
+  const std::string dst = testing::TempDir() + "/caf\xe9_" + std::to_string(getpid()) + ".esdump";
+  std::filesystem::copy_file(src, dst, std::filesystem::copy_options::overwrite_existing);
+  const Output o = RunCapped({"inspect", "--format", "json", dst}, kCap);
+  std::filesystem::remove(dst);
+  ASSERT_EQ(o.status, 0) << o.out;
+  const nlohmann::json j = nlohmann::json::parse(o.out);
+  EXPECT_NE(j["source"].get<std::string>().find("caf\xef\xbf\xbd_"), std::string::npos);
+}
+
 // Not a dump at all: refused from fstat, before any read, in bounded memory.
 TEST(InspectRegression, DevicesFifosAndDirectoriesAreRefusedBeforeReading) {
   const std::string fifo = testing::TempDir() + "/inspect_fifo_" + std::to_string(getpid());

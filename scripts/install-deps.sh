@@ -7,7 +7,7 @@ PACKAGES=(
   g++ cmake ninja-build pkg-config make
   libgtest-dev libgmock-dev libbenchmark-dev
   libfmt-dev libcli11-dev nlohmann-json3-dev
-  libtracefs-dev libtraceevent-dev libtracecmd-dev liburing-dev
+  libtracefs-dev libtraceevent-dev libtracecmd-dev liburing-dev libzstd-dev zlib1g-dev
   trace-cmd linux-perf
 )
 

@@ -1,6 +1,5 @@
 #include "sources/tracecmd_dat.h"
 
-#include <dlfcn.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
@@ -13,6 +12,8 @@ extern "C" {
 #include <traceevent/kbuffer.h>  // no extern "C" of its own
 }
 #include <unistd.h>
+#include <zlib.h>
+#include <zstd.h>
 
 #include <algorithm>
 #include <bit>
@@ -22,6 +23,7 @@ extern "C" {
 #include <deque>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <set>
 #include <string_view>
 #include <vector>
@@ -117,53 +119,29 @@ enum : uint16_t {
   kOptBufferText = 22,
 };
 
-// Decompressors, loaded from the shared libraries libtracecmd itself links (no build
-// dependency on their headers). Missing library: files using it are refused by name.
+// The decompressors trace-cmd writes with: zstd (Debian's trace-cmd 3.1) and zlib.
 struct Codecs {
-  size_t (*zstd_decompress)(void*, size_t, const void*, size_t) = nullptr;
-  void* (*zstd_create_dctx)() = nullptr;
-  size_t (*zstd_decompress_dctx)(void*, void*, size_t, const void*, size_t) = nullptr;
-  unsigned (*zstd_is_error)(size_t) = nullptr;
-  int (*zlib_uncompress)(unsigned char*, unsigned long*, const unsigned char*,
-                         unsigned long) = nullptr;
   static const Codecs& Get() {
-    static const Codecs c = [] {
-      Codecs c;
-      if (void* z = ::dlopen("libzstd.so.1", RTLD_NOW | RTLD_LOCAL)) {
-        c.zstd_decompress =
-            reinterpret_cast<decltype(c.zstd_decompress)>(::dlsym(z, "ZSTD_decompress"));
-        c.zstd_is_error = reinterpret_cast<decltype(c.zstd_is_error)>(::dlsym(z, "ZSTD_isError"));
-        c.zstd_create_dctx =
-            reinterpret_cast<decltype(c.zstd_create_dctx)>(::dlsym(z, "ZSTD_createDCtx"));
-        c.zstd_decompress_dctx =
-            reinterpret_cast<decltype(c.zstd_decompress_dctx)>(::dlsym(z, "ZSTD_decompressDCtx"));
-      }
-      if (void* z = ::dlopen("libz.so.1", RTLD_NOW | RTLD_LOCAL)) {
-        c.zlib_uncompress = reinterpret_cast<decltype(c.zlib_uncompress)>(::dlsym(z, "uncompress"));
-      }
-      return c;
-    }();
+    static const Codecs c;
     return c;
   }
-  bool Supports(std::string_view algo) const {
-    if (algo == "zstd") return zstd_decompress != nullptr && zstd_is_error != nullptr;
-    if (algo == "zlib") return zlib_uncompress != nullptr;
-    return false;
-  }
+  bool Supports(std::string_view algo) const { return algo == "zstd" || algo == "zlib"; }
   // Decompresses exactly `dst_len` bytes; false on any error or a different size.
   bool Decompress(std::string_view algo, const uint8_t* src, size_t src_len, uint8_t* dst,
                   size_t dst_len) const {
     if (algo == "zstd") {
       // One context per thread, reused: ZSTD_decompress would set one up per chunk.
-      thread_local void* dctx = zstd_create_dctx ? zstd_create_dctx() : nullptr;
-      const size_t n = dctx && zstd_decompress_dctx
-                           ? zstd_decompress_dctx(dctx, dst, dst_len, src, src_len)
-                           : zstd_decompress(dst, dst_len, src, src_len);
-      return !zstd_is_error(n) && n == dst_len;
+      struct FreeDctx {
+        void operator()(ZSTD_DCtx* d) const noexcept { ZSTD_freeDCtx(d); }
+      };
+      thread_local const std::unique_ptr<ZSTD_DCtx, FreeDctx> dctx(ZSTD_createDCtx());
+      const size_t n = dctx ? ZSTD_decompressDCtx(dctx.get(), dst, dst_len, src, src_len)
+                            : ZSTD_decompress(dst, dst_len, src, src_len);
+      return !ZSTD_isError(n) && n == dst_len;
     }
     if (algo == "zlib") {
-      unsigned long n = dst_len;
-      return zlib_uncompress(dst, &n, src, src_len) == 0 && n == dst_len;
+      uLongf n = dst_len;
+      return ::uncompress(dst, &n, src, src_len) == Z_OK && n == dst_len;
     }
     return false;
   }
@@ -501,7 +479,7 @@ class LayoutParser {
     if (Codecs::Get().Supports(L_->compression)) return {};
     return Fail(ErrorCode::kUnsupported,
                 fmt::format("{}: offset {}: compression '{}' is not supported (zstd and zlib "
-                            "are, when libzstd.so.1 / libz.so.1 are installed)",
+                            "are)",
                             path_, at, L_->compression.substr(0, 32)));
   }
 

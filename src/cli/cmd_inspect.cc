@@ -9,6 +9,7 @@
 #include "cli/parse_args.h"
 #include "exitscope/dump.h"
 #include "report/exit_health.h"
+#include "report/joint_report.h"
 
 namespace exitscope::cli {
 
@@ -35,6 +36,11 @@ int InspectMain(int argc, char** argv) {
       ->check(kNonNegativeInteger)
       ->capture_default_str();
   app.add_flag("--all", all, "list every row, slow exit and finding");
+  std::string kernel;
+  app.add_option("--kernel", kernel,
+                 "the joint view: match the dump's exits with a kernel trace of the same run "
+                 "(x86-tsc clock, e.g. from `exitscope kvm record`) and split each exit's "
+                 "time (docs/joint.md)");
   app.footer(
       "Exit status: 0 ok, 1 a runtime failure (e.g. a read error), 2 bad usage or a missing, "
       "corrupt or unsupported dump.\n"
@@ -44,6 +50,19 @@ int InspectMain(int argc, char** argv) {
   auto dump = ReadDump(path);
   if (!dump) {
     return ReportError("exitscope inspect", dump.error());
+  }
+  if (!kernel.empty()) {
+    if (vcpu >= 0 || !device.empty()) {
+      return UsageError("exitscope inspect", "--kernel: --vcpu and --device do not apply");
+    }
+    report::JointRenderOptions jo;
+    jo.dump = path;
+    jo.trace = kernel;
+    jo.rows = all ? 0 : rows;
+    auto out = report::RenderJointViewOfFiles(*dump, jo, format == "json");
+    if (!out) return ReportError("exitscope inspect", out.error());
+    std::fwrite(out->data(), 1, out->size(), stdout);
+    return std::fflush(stdout) == 0 ? 0 : 1;
   }
   report::ExitHealthOptions o;
   o.format = format == "json" ? report::OutputFormat::kJson : report::OutputFormat::kTable;

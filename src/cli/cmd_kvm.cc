@@ -5,7 +5,7 @@
 //                        [--duration USEC] [--percentiles] [--per-vcpu] [--per-vm]
 //                        [--histogram] [--format table|json|csv] [--device-map FILE]
 //                        [--pvm-numbering upstream|fork] [--isa auto|vmx|svm|pvm]
-//                        [--tsc-mhz MHZ]
+//                        [--tsc-mhz MHZ] [--dump DUMP]
 //   exitscope kvm record ...   (cmd_kvm_record.cc)
 //   exitscope kvm live ...     (cmd_kvm_live.cc)
 //
@@ -22,7 +22,9 @@
 #include "cli/commands.h"
 #include "cli/kvm_flags.h"
 #include "cli/parse_args.h"
+#include "exitscope/dump.h"
 #include "fmt/format.h"
+#include "report/joint_report.h"
 #include "report/kvm_report.h"
 #include "sources/kvm_device_map.h"
 #include "sources/kvm_input.h"
@@ -41,6 +43,30 @@ void KvmUsage(FILE* out) {
                "  record  record kvm tracepoints from tracefs into a .dat file\n"
                "  live    show the analysis live, refreshed every -d SECS\n\n"
                "`exitscope kvm <command> --help` lists each command's options.\n");
+}
+
+// `kvm report --dump`: the joint view, as `inspect DUMP --kernel TRACE` prints it. Only
+// --format table|json applies; --tsc-mhz is ignored (the dump's TSC calibration is used).
+int JointMain(const char* self, const std::string& input, const std::string& dump_path,
+              const std::string& format, bool tsc_mhz_given) {
+  if (format != "table" && format != "json") {
+    return UsageError(self, fmt::format("--dump: --format '{}' is not table or json", format));
+  }
+  if (tsc_mhz_given) {
+    std::fprintf(stderr,
+                 "%s: --tsc-mhz ignored with --dump: the dump's TSC calibration converts the "
+                 "trace's x86-tsc ticks\n",
+                 self);
+  }
+  auto dump = ReadDump(dump_path);
+  if (!dump) return ReportError(self, Error{dump.error().code, "--dump " + dump.error().message});
+  report::JointRenderOptions jo;
+  jo.dump = dump_path;
+  jo.trace = input;
+  auto out = report::RenderJointViewOfFiles(*dump, jo, format == "json");
+  if (!out) return ReportError(self, out.error());
+  std::fwrite(out->data(), 1, out->size(), stdout);
+  return std::fflush(stdout) == 0 ? 0 : 1;
 }
 
 int ReportMain(int argc, char** argv) {
@@ -63,7 +89,13 @@ int ReportMain(int argc, char** argv) {
                  "TSC frequency of the capture host, for x86-tsc timestamps (default: this "
                  "host's)")
       ->check(kFinitePositive);
+  std::string dump_path;
+  app.add_option("--dump", dump_path,
+                 "the joint view: match the trace's userspace exits with a recorder dump of the "
+                 "same run and split each exit's time (docs/joint.md); x86-tsc ticks are "
+                 "converted with the dump's TSC calibration");
   if (auto rc = ParseArgs(app, argc, argv)) return *rc;
+  if (!dump_path.empty()) return JointMain(self, input, dump_path, flags.format, tsc_mhz > 0);
 
   analysis::KvmAnalysisOptions aopts;
   report::KvmRenderOptions ropts;

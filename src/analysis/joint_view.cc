@@ -1,0 +1,409 @@
+#include "analysis/joint_view.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <set>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+
+#include "exitscope/clock.h"
+#include "sources/kvm_device_map.h"
+#include "sources/kvm_input.h"
+#include "sources/kvm_pairing.h"
+
+namespace exitscope::analysis {
+namespace {
+
+constexpr uint64_t kOpen = std::numeric_limits<uint64_t>::max();
+
+// A kernel userspace exit in CLOCK_MONOTONIC ns of the dump's clock.
+struct KernelExit {
+  uint64_t start = 0;
+  uint64_t end = kOpen;  // kOpen: open at end of trace
+  const ExitEvent* e = nullptr;
+  bool used = false;     // matched
+  bool claimed = false;  // open: a VMM exit inside it already explained by it
+};
+
+// Per thread, kernel exits sorted by start (they never overlap on one thread).
+using Threads = std::map<uint32_t, std::vector<KernelExit>>;
+
+// The one kernel exit of `exits` that may contain [start, end]: the last one starting at or
+// before start (+ tolerance). nullptr when it does not contain it.
+KernelExit* Containing(std::vector<KernelExit>& exits, uint64_t start, uint64_t end, uint64_t tol) {
+  auto it = std::upper_bound(exits.begin(), exits.end(), start + tol,
+                             [](uint64_t t, const KernelExit& k) { return t < k.start; });
+  if (it == exits.begin()) return nullptr;
+  --it;
+  if (it->end != kOpen && end > it->end + tol) return nullptr;
+  return &*it;
+}
+
+std::string DirName(AccessDir d) {
+  return d == AccessDir::kNone ? std::string() : std::string(ToString(d));
+}
+
+std::string DescribeVmm(const Dump& dump, const DumpExit& d) {
+  std::string s(ToString(d.kind));
+  const std::string dev = dump.DeviceName(d.device), reg = dump.RegisterName(d);
+  if (!dev.empty()) s += " " + dev + (reg.empty() ? "" : "." + reg);
+  if (d.dir != AccessDir::kNone) s += " " + DirName(d.dir);
+  return s;
+}
+
+std::string DescribeKernel(const ExitEvent& e) {
+  std::string s(e.user_reason.empty() ? e.reason : e.user_reason);
+  if (!e.device.empty())
+    s += " " + std::string(e.device) + (e.reg.empty() ? "" : ".") + std::string(e.reg);
+  if (e.subkey_kind != SubKeyKind::kNone) s += fmt::format(" {:#x}", e.subkey);
+  return s;
+}
+
+uint64_t Percentile(std::vector<uint64_t>& v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t rank = static_cast<size_t>(std::ceil(p * static_cast<double>(v.size())));
+  rank = std::clamp<size_t>(rank, 1, v.size());
+  return v[rank - 1];
+}
+
+double PercentileD(std::vector<double>& v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t rank = static_cast<size_t>(std::ceil(p * static_cast<double>(v.size())));
+  rank = std::clamp<size_t>(rank, 1, v.size());
+  return v[rank - 1];
+}
+
+}  // namespace
+
+std::string_view ToString(JointMapping m) noexcept {
+  switch (m) {
+    case JointMapping::kThreadByTime:
+      return "thread-by-time";
+    case JointMapping::kVcpuIndex:
+      return "vcpu-index";
+  }
+  return "?";
+}
+
+Result<JointView> BuildJointView(const Dump& dump, const std::vector<ExitEvent>& kernel,
+                                 const std::string& trace_clock, const JointOptions& opts) {
+  if (trace_clock != "x86-tsc") {
+    return Fail(ErrorCode::kInvalidArgument,
+                fmt::format("the trace's clock is '{}', not x86-tsc: its timestamps cannot be "
+                            "aligned with the dump's TSC (record with trace_clock x86-tsc, as "
+                            "`exitscope kvm record` does)",
+                            trace_clock.empty() ? "unknown" : trace_clock));
+  }
+  if (dump.clock.source != ClockSource::kTsc || dump.clock.tsc_hz == 0) {
+    return Fail(ErrorCode::kInvalidArgument,
+                "the dump's clock is CLOCK_MONOTONIC, not the TSC: its exits cannot be "
+                "aligned with the trace's x86-tsc timestamps");
+  }
+  const Clock clock = Clock::FromCalibration(dump.clock);
+  const uint64_t tol = opts.tolerance_ns;
+  JointView view;
+  view.tsc_hz = dump.clock.tsc_hz;
+
+  // The kernel's userspace exits, per thread, in the dump's nanoseconds.
+  Threads threads;
+  uint64_t k_lo = kOpen, k_hi = 0;
+  for (const ExitEvent& e : kernel) {
+    if (!e.userspace || e.kernel_access || e.end == ExitEnd::kNotTraced) continue;
+    KernelExit k;
+    k.start = clock.ToMonotonicNs(e.start_ns);
+    if (e.end == ExitEnd::kSeen) k.end = clock.ToMonotonicNs(e.start_ns + e.duration_ns);
+    k.e = &e;
+    threads[e.tid].push_back(k);
+    ++view.kernel_exits;
+    k_lo = std::min(k_lo, k.start);
+    k_hi = std::max(k_hi, k.end == kOpen ? k.start : k.end);
+  }
+  for (auto& [tid, v] : threads) {
+    std::stable_sort(v.begin(), v.end(),
+                     [](const KernelExit& a, const KernelExit& b) { return a.start < b.start; });
+  }
+  uint64_t d_lo = kOpen, d_hi = 0;
+  for (const DumpVcpu& v : dump.vcpus) {
+    for (const DumpExit& d : v.exits) {
+      ++view.vmm_exits;
+      d_lo = std::min(d_lo, d.start_ns);
+      d_hi = std::max(d_hi, d.start_ns + d.duration_ns);
+    }
+  }
+  if (view.vmm_exits == 0) {
+    return Fail(ErrorCode::kInvalidArgument, "the dump holds no completed exit to match");
+  }
+  if (view.kernel_exits == 0) {
+    return Fail(ErrorCode::kInvalidArgument,
+                "the trace holds no userspace exit to match (no kvm_userspace_exit records)");
+  }
+  if (d_hi + tol < k_lo || k_hi + tol < d_lo) {
+    return Fail(ErrorCode::kInvalidArgument,
+                fmt::format("the dump's exits ({:.6f}..{:.6f} s) and the trace's ({:.6f}..{:.6f} "
+                            "s, converted with the dump's TSC calibration) do not overlap in "
+                            "time: not the same run, or not the same host's TSC",
+                            static_cast<double>(d_lo) / 1e9, static_cast<double>(d_hi) / 1e9,
+                            static_cast<double>(k_lo) / 1e9, static_cast<double>(k_hi) / 1e9));
+  }
+
+  // Which thread runs which vCPU: the vote of the VMM exits that one thread alone contains.
+  std::map<uint32_t, std::map<uint32_t, uint64_t>> votes;
+  for (const DumpVcpu& v : dump.vcpus) {
+    for (const DumpExit& d : v.exits) {
+      uint32_t only = 0;
+      int n = 0;
+      for (auto& [tid, exits] : threads) {
+        if (Containing(exits, d.start_ns, d.start_ns + d.duration_ns, tol) != nullptr) {
+          only = tid;
+          ++n;
+        }
+      }
+      if (n == 1) ++votes[v.vcpu][only];
+    }
+  }
+  std::vector<std::tuple<uint64_t, uint32_t, uint32_t>> ballots;  // votes, vcpu, tid
+  for (const auto& [vcpu, per_tid] : votes) {
+    for (const auto& [tid, n] : per_tid) ballots.emplace_back(n, vcpu, tid);
+  }
+  std::sort(ballots.begin(), ballots.end(), [](const auto& a, const auto& b) {
+    return std::get<0>(a) != std::get<0>(b) ? std::get<0>(a) > std::get<0>(b) : a < b;
+  });
+  std::map<uint32_t, uint32_t> tid_of_vcpu;
+  std::set<uint32_t> taken;
+  for (const auto& [n, vcpu, tid] : ballots) {
+    if (tid_of_vcpu.count(vcpu) || taken.count(tid)) continue;
+    tid_of_vcpu[vcpu] = tid;
+    taken.insert(tid);
+    view.threads.push_back({vcpu, tid, threads[tid].front().e->vcpu, n});
+  }
+  if (tid_of_vcpu.empty()) {
+    // No exit nests anywhere: fall back to the kernel source's vCPU index, so the refusal
+    // below reports what was tried.
+    view.mapping = JointMapping::kVcpuIndex;
+    for (auto& [tid, exits] : threads) {
+      const uint32_t kv = exits.front().e->vcpu;
+      if (!tid_of_vcpu.count(kv)) {
+        tid_of_vcpu[kv] = tid;
+        view.threads.push_back({kv, tid, kv, 0});
+      }
+    }
+  }
+  std::sort(view.threads.begin(), view.threads.end(),
+            [](const JointVcpuThread& a, const JointVcpuThread& b) { return a.vcpu < b.vcpu; });
+
+  // Match, per vCPU, in time order.
+  std::vector<int64_t> offsets;
+  for (const DumpVcpu& v : dump.vcpus) {
+    auto mapped = tid_of_vcpu.find(v.vcpu);
+    for (const DumpExit& d : v.exits) {
+      const uint64_t hs = d.start_ns, he = d.start_ns + d.duration_ns;
+      JointUnmatched u{v.vcpu, 0, hs, d.duration_ns, DescribeVmm(dump, d), ""};
+      if (mapped == tid_of_vcpu.end()) {
+        u.reason = kReasonUnmappedVcpu;
+        view.unmatched_vmm.push_back(std::move(u));
+        continue;
+      }
+      u.tid = mapped->second;
+      std::vector<KernelExit>& exits = threads[mapped->second];
+      KernelExit* k = Containing(exits, hs, he, tol);
+      if (k == nullptr || k->used || k->end == kOpen) {
+        const uint64_t first = exits.front().start;
+        const uint64_t last = exits.back().end == kOpen ? exits.back().start : exits.back().end;
+        if (k != nullptr && k->end == kOpen && !k->claimed) {
+          k->claimed = true;
+          u.reason = kReasonOpenAtEnd;
+        } else if (k != nullptr && k->end == kOpen)
+          u.reason = kReasonAfterTrace;
+        else if (he <= first + tol)
+          u.reason = kReasonBeforeTrace;
+        else if (hs + tol >= last)
+          u.reason = kReasonAfterTrace;
+        else
+          u.reason = kReasonNoKernelExit;
+        view.unmatched_vmm.push_back(std::move(u));
+        continue;
+      }
+      k->used = true;
+      JointExit j;
+      j.vcpu = v.vcpu;
+      j.tid = mapped->second;
+      j.kernel_start_ns = k->start;
+      j.kernel_ns = k->end - k->start;
+      j.handler_start_ns = hs;
+      j.offset_ns = static_cast<int64_t>(hs) - static_cast<int64_t>(k->start);
+      j.before_ns = std::min<uint64_t>(hs > k->start ? hs - k->start : 0, j.kernel_ns);
+      j.handler_ns = std::min<uint64_t>(d.duration_ns, j.kernel_ns - j.before_ns);
+      j.after_ns = j.kernel_ns - j.before_ns - j.handler_ns;
+      j.kind = std::string(ToString(d.kind));
+      j.device = dump.DeviceName(d.device);
+      j.reg = dump.RegisterName(d);
+      j.dir = DirName(d.dir);
+      j.kernel_reason = std::string(k->e->user_reason);
+      offsets.push_back(j.offset_ns);
+      view.matched.push_back(std::move(j));
+    }
+  }
+  std::sort(view.matched.begin(), view.matched.end(), [](const JointExit& a, const JointExit& b) {
+    return a.kernel_start_ns < b.kernel_start_ns;
+  });
+
+  // Kernel exits nobody matched, each with its reason.
+  std::map<uint32_t, const DumpVcpu*> vcpu_of_tid;
+  for (const DumpVcpu& v : dump.vcpus) {
+    if (auto it = tid_of_vcpu.find(v.vcpu); it != tid_of_vcpu.end()) vcpu_of_tid[it->second] = &v;
+  }
+  for (auto& [tid, exits] : threads) {
+    const auto vit = vcpu_of_tid.find(tid);
+    const DumpVcpu* v = vit == vcpu_of_tid.end() ? nullptr : vit->second;
+    for (const KernelExit& k : exits) {
+      if (k.used) continue;
+      JointUnmatched u{v ? v->vcpu : k.e->vcpu, tid, k.start, k.end == kOpen ? 0 : k.end - k.start,
+                       DescribeKernel(*k.e),    ""};
+      const bool has_progress = v && v->in_progress && v->in_progress->start_ns + tol >= k.start &&
+                                (k.end == kOpen || v->in_progress->start_ns <= k.end + tol);
+      if (v == nullptr) {
+        u.reason = kReasonUnmappedThread;
+      } else if (has_progress) {
+        u.reason = kReasonInProgress;
+      } else if (k.end == kOpen) {
+        u.reason = kReasonOpenAtEnd;
+      } else if (v->exits.empty() || k.end <= v->exits.front().start_ns + tol) {
+        u.reason = kReasonBeforeDump;
+      } else if (k.start + tol >= v->exits.back().start_ns + v->exits.back().duration_ns) {
+        u.reason = kReasonAfterDump;
+      } else {
+        u.reason = kReasonNoVmmExit;
+      }
+      view.unmatched_kernel.push_back(std::move(u));
+    }
+  }
+
+  const uint64_t smaller = std::min(view.vmm_exits, view.kernel_exits);
+  const double fraction =
+      static_cast<double>(view.matched.size()) / static_cast<double>(smaller ? smaller : 1);
+  if (view.matched.empty() || fraction < opts.min_match_fraction) {
+    return Fail(ErrorCode::kInvalidArgument,
+                fmt::format("the clocks cannot be aligned: only {} of {} VMM exits lie inside a "
+                            "kernel exit of their vCPU thread ({} kernel userspace exits; need "
+                            "{:.0f} %): a shifted or different TSC, or not the same run",
+                            view.matched.size(), view.vmm_exits, view.kernel_exits,
+                            opts.min_match_fraction * 100));
+  }
+  if (fraction < opts.warn_match_fraction) {
+    view.warnings.push_back(
+        fmt::format("only {:.1f} % of the smaller side matched", fraction * 100));
+  }
+  std::sort(offsets.begin(), offsets.end());
+  view.offset.min_ns = offsets.front();
+  view.offset.max_ns = offsets.back();
+  view.offset.median_ns = offsets[(offsets.size() - 1) / 2];
+  return view;
+}
+
+namespace {
+class CollectingSink : public EventSink {
+ public:
+  void OnExit(const ExitEvent& e) override {
+    if (e.userspace && !e.kernel_access) events.push_back(e);
+  }
+  std::vector<ExitEvent> events;
+};
+}  // namespace
+
+Result<JointView> BuildJointViewFromTrace(const Dump& dump, const std::string& dump_path,
+                                          const std::string& trace_path, const JointOptions& opts) {
+  auto devices = sources::KvmDeviceMap::LoadDump(dump_path);
+  if (!devices) return std::unexpected(devices.error());
+  // The dump's TSC frequency: never this host's (the trace's ticks are the dump host's).
+  sources::KvmInputOptions iopts;
+  iopts.tsc_khz = dump.clock.tsc_hz ? (dump.clock.tsc_hz + 500) / 1000 : 1;
+  auto in = sources::KvmInput::Open(trace_path, iopts);
+  if (!in) return std::unexpected(in.error());
+  CollectingSink sink;
+  // Identity clock: start_ns / duration_ns stay in the trace's ticks.
+  sources::KvmPairer pairer({.devices = devices->get()}, &sink);
+  if (Status s = (*in)->ReadAll(&pairer); !s) return std::unexpected(s.error());
+  // ReadAll ends with pairer.Finish(): exits left open are emitted as kOpenAtEnd.
+  auto view = BuildJointView(dump, sink.events, (*in)->clock(), opts);
+  if (!view) {
+    return Fail(view.error().code,
+                fmt::format("{} + {}: {}", dump_path, trace_path, view.error().message));
+  }
+  view->trace_format = (*in)->format_name();
+  view->kernel_lost_events = pairer.stats().lost_events;
+  if (view->kernel_lost_events != 0) {
+    view->warnings.push_back(
+        fmt::format("the trace lost {} records (ring buffer overruns)", view->kernel_lost_events));
+  }
+  return view;
+}
+
+JointGroups GroupJointExits(const std::vector<JointExit>& exits) {
+  std::map<std::string, std::vector<const JointExit*>> kinds, devices, regs;
+  for (const JointExit& j : exits) {
+    kinds[j.kind].push_back(&j);
+    // Only accesses (PIO, MMIO) have a device; other kinds (HLT, ...) group as "-".
+    const bool access = j.kind == "PIO" || j.kind == "MMIO";
+    const std::string dev = !access ? "-" : j.device.empty() ? "unassigned" : j.device;
+    devices[dev].push_back(&j);
+    std::string r = j.kind;
+    if (access) r += " " + dev + (j.reg.empty() ? "" : "." + j.reg);
+    if (!j.dir.empty()) r += " " + j.dir;
+    regs[r].push_back(&j);
+  }
+  const auto build = [](const std::map<std::string, std::vector<const JointExit*>>& m) {
+    std::vector<JointGroup> out;
+    for (const auto& [key, list] : m) {
+      JointGroup g;
+      g.key = key;
+      g.count = list.size();
+      const auto part = [&](uint64_t JointExit::*field) {
+        std::vector<uint64_t> ns;
+        std::vector<double> share;
+        for (const JointExit* j : list) {
+          ns.push_back(j->*field);
+          share.push_back(j->kernel_ns
+                              ? static_cast<double>(j->*field) / static_cast<double>(j->kernel_ns)
+                              : 0.0);
+        }
+        JointPart p;
+        p.p50_ns = Percentile(ns, 0.50);
+        p.p99_ns = Percentile(ns, 0.99);
+        p.share_p50 = PercentileD(share, 0.50);
+        p.share_p99 = PercentileD(share, 0.99);
+        return p;
+      };
+      g.total = part(&JointExit::kernel_ns);
+      g.before = part(&JointExit::before_ns);
+      g.handler = part(&JointExit::handler_ns);
+      g.after = part(&JointExit::after_ns);
+      out.push_back(std::move(g));
+    }
+    std::stable_sort(out.begin(), out.end(),
+                     [](const JointGroup& a, const JointGroup& b) { return a.count > b.count; });
+    return out;
+  };
+  JointGroups g;
+  g.by_kind = build(kinds);
+  g.by_device = build(devices);
+  g.by_register = build(regs);
+  return g;
+}
+
+std::vector<JointExit> SlowestJointExits(const std::vector<JointExit>& exits, size_t n) {
+  std::vector<JointExit> out = exits;
+  std::stable_sort(out.begin(), out.end(), [](const JointExit& a, const JointExit& b) {
+    return a.kernel_ns > b.kernel_ns;
+  });
+  if (out.size() > n) out.resize(n);
+  return out;
+}
+
+}  // namespace exitscope::analysis

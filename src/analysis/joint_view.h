@@ -1,0 +1,157 @@
+// analysis/joint_view.h: one exit as the kernel and the VMM saw it (docs/joint.md).
+//
+// Input: a recorder dump (exits per vCPU, CLOCK_MONOTONIC ns converted from the TSC with the
+// calibration the dump stores) and the userspace exits a KvmPairer emitted from a kernel
+// trace recorded with trace_clock x86-tsc, their times left in raw TSC ticks (pair with the
+// identity ClockScale). Both clocks are the same host's TSC, so the trace's ticks are
+// converted with the dump's calibration (its frequency and its tick/ns base), never with
+// --tsc-mhz or this host's frequency.
+//
+// Matching: each dump vCPU is given the kernel thread whose userspace exits contain most of
+// that vCPU's exits (the dump stores no thread ids; see JointMapping). Then, per vCPU, a VMM
+// exit [handler start, handler end] matches the kernel exit of its thread that contains it
+// (within `tolerance_ns`); each kernel exit matches at most one VMM exit.
+//
+// Split of a matched exit (kernel start ks, kernel end ke, handler start hs, handler end he):
+//   kernel_before = hs - ks   (exit, hand-off to userspace, VMM until its handler starts)
+//   handler       = he - hs   (the dump's duration)
+//   kernel_after  = ke - he   (handler end, KVM_RUN again, until guest entry)
+// clamped at 0, so the three always sum to the kernel's duration exactly. Time the vCPU
+// thread was not running (sched:sched_switch) is not split: the kvm sources do not decode
+// sched_switch yet.
+//
+// Refusals (kInvalidArgument, one line): a trace clock other than x86-tsc, a dump clock
+// other than the TSC, no overlap in time between the two, or fewer matches than
+// `min_match_fraction` of the smaller side (e.g. a shifted TSC: exits no longer nest).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "exitscope/dump.h"
+#include "exitscope/status.h"
+#include "sources/event.h"
+
+namespace exitscope::analysis {
+
+struct JointOptions {
+  // Slack when testing that a VMM exit lies inside a kernel exit (rounding of the dump's
+  // ns <-> tick conversion).
+  uint64_t tolerance_ns = 2;
+  // Refuse when matched < min_match_fraction * min(VMM exits, kernel userspace exits).
+  double min_match_fraction = 0.5;
+  // Warn (JointView::warnings) below this fraction.
+  double warn_match_fraction = 0.99;
+};
+
+// How dump vCPUs were tied to kernel threads.
+enum class JointMapping : uint8_t {
+  kThreadByTime,  // each vCPU -> the thread whose exits contain most of its exits
+  kVcpuIndex,     // no vote possible: dump vCPU index == the kernel event's vcpu index
+};
+std::string_view ToString(JointMapping m) noexcept;
+
+struct JointVcpuThread {
+  uint32_t vcpu = 0;
+  uint32_t tid = 0;
+  uint32_t kernel_vcpu = 0;  // the vcpu index the kernel source gave that thread
+  uint64_t votes = 0;        // VMM exits of this vCPU that only this thread contains
+};
+
+// One exit seen from both sides. Times in CLOCK_MONOTONIC ns of the recording host.
+struct JointExit {
+  uint32_t vcpu = 0;
+  uint32_t tid = 0;
+  uint64_t kernel_start_ns = 0;
+  uint64_t kernel_ns = 0;  // the kernel's duration: before + handler + after
+  uint64_t handler_start_ns = 0;
+  int64_t offset_ns = 0;  // handler start - kernel start
+  uint64_t before_ns = 0;
+  uint64_t handler_ns = 0;
+  uint64_t after_ns = 0;
+  std::string kind;           // "PIO", "MMIO", ...
+  std::string device;         // "nvme0", "" when unassigned
+  std::string reg;            // "SQ1TDBL", "" when none
+  std::string dir;            // "read", "write", ""
+  std::string kernel_reason;  // the kernel's user_reason ("IO", "MMIO")
+};
+
+// An exit one side saw and the other did not.
+struct JointUnmatched {
+  uint32_t vcpu = 0;
+  uint32_t tid = 0;  // 0 when unknown (a VMM exit of an unmapped vCPU)
+  uint64_t start_ns = 0;
+  uint64_t duration_ns = 0;  // 0 when the side does not know it (open at end)
+  std::string what;          // "PIO nvme0.SQ1TDBL write", "IO", ...
+  std::string reason;        // why it has no partner (one of the k* strings below)
+};
+
+// Reasons, one spelling each (JSON and table use them as is).
+inline constexpr const char* kReasonOpenAtEnd =
+    "open at end of trace (the vCPU never re-entered the guest)";
+inline constexpr const char* kReasonInProgress =
+    "the VMM was still inside this exit when the dump was taken";
+inline constexpr const char* kReasonBeforeDump =
+    "before the dump's oldest exit of its vCPU (recorder not started or ring overwritten)";
+inline constexpr const char* kReasonAfterDump = "after the dump was taken";
+inline constexpr const char* kReasonBeforeTrace = "before the trace started";
+inline constexpr const char* kReasonAfterTrace = "after the trace ended";
+inline constexpr const char* kReasonNoKernelExit =
+    "no kernel exit of its thread contains it (kernel records lost?)";
+inline constexpr const char* kReasonNoVmmExit =
+    "no VMM exit inside it (VMM record lost or skipped?)";
+inline constexpr const char* kReasonUnmappedThread = "its thread runs no vCPU of the dump";
+inline constexpr const char* kReasonUnmappedVcpu = "its vCPU has no kernel thread in the trace";
+
+struct JointOffsetStats {
+  int64_t min_ns = 0, median_ns = 0, max_ns = 0;
+};
+
+struct JointView {
+  JointMapping mapping = JointMapping::kThreadByTime;
+  std::vector<JointVcpuThread> threads;  // one per mapped dump vCPU
+  uint64_t tsc_hz = 0;                   // the dump's TSC frequency, used for the trace's ticks
+  uint64_t vmm_exits = 0;                // completed exits in the dump
+  uint64_t kernel_exits = 0;             // userspace exits in the trace (open ones included)
+  std::vector<JointExit> matched;        // in kernel start order
+  std::vector<JointUnmatched> unmatched_vmm, unmatched_kernel;
+  JointOffsetStats offset;
+  std::vector<std::string> warnings;  // e.g. a low match fraction
+  // Set by BuildJointViewFromTrace.
+  std::string trace_format;         // "trace-cmd .dat", ...
+  uint64_t kernel_lost_events = 0;  // records the trace's ring buffers lost
+};
+
+// Builds the joint view. `kernel` holds the pairer's events with times in raw x86-tsc ticks
+// (kernel accesses and non-userspace exits are ignored); `trace_clock` is the capture's
+// clock name. Errors: kInvalidArgument with a one-line message (see the file comment).
+Result<JointView> BuildJointView(const Dump& dump, const std::vector<ExitEvent>& kernel,
+                                 const std::string& trace_clock, const JointOptions& opts = {});
+
+// Reads `trace_path` (any format KvmInput reads), pairs it with the identity clock (times
+// stay in ticks) and the dump's device map, and builds the joint view. `dump_path` is the
+// file `dump` was read from (for its device map). Errors name the file.
+Result<JointView> BuildJointViewFromTrace(const Dump& dump, const std::string& dump_path,
+                                          const std::string& trace_path,
+                                          const JointOptions& opts = {});
+
+// Per-group aggregation of the matched exits: count and p50 / p99 of each part.
+struct JointPart {
+  uint64_t p50_ns = 0, p99_ns = 0;
+  double share_p50 = 0, share_p99 = 0;  // part / kernel duration, 0..1
+};
+struct JointGroup {
+  std::string key;  // "PIO", "nvme0", "nvme0.SQ1TDBL write"
+  uint64_t count = 0;
+  JointPart total, before, handler, after;  // total: shares are 1
+};
+struct JointGroups {
+  std::vector<JointGroup> by_kind, by_device, by_register;  // each sorted by count, desc
+};
+JointGroups GroupJointExits(const std::vector<JointExit>& exits);
+
+// The `n` matched exits with the longest kernel duration, longest first.
+std::vector<JointExit> SlowestJointExits(const std::vector<JointExit>& exits, size_t n);
+
+}  // namespace exitscope::analysis

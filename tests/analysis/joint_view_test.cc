@@ -1,0 +1,241 @@
+// The joint view: the kernel's and the VMM's view of the same exit (analysis/joint_view.h),
+// on the real joint-blk capture and on constructed cases.
+#include "analysis/joint_view.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "exitscope/dump.h"
+
+namespace exitscope::analysis {
+namespace {
+
+std::string KvmHost(const char* name) {
+  return std::string(EXITSCOPE_TESTDATA_DIR) + "/kvm-host/" + name;
+}
+
+const std::set<std::string>& KnownReasons() {
+  static const std::set<std::string> r = {
+      kReasonOpenAtEnd,      kReasonInProgress,  kReasonBeforeDump,   kReasonAfterDump,
+      kReasonBeforeTrace,    kReasonAfterTrace,  kReasonNoKernelExit, kReasonNoVmmExit,
+      kReasonUnmappedThread, kReasonUnmappedVcpu};
+  return r;
+}
+
+TEST(JointViewBlk, MatchesAndSplitsEveryExitOfTheRealCapture) {
+  const std::string dump_path = KvmHost("joint-blk.esdump");
+  auto dump = ReadDump(dump_path);
+  ASSERT_TRUE(dump.has_value()) << dump.error().message;
+  auto v = BuildJointViewFromTrace(*dump, dump_path, KvmHost("joint-blk.dat"));
+  ASSERT_TRUE(v.has_value()) << v.error().message;
+
+  EXPECT_EQ(v->vmm_exits, 1444u);
+  EXPECT_GE(v->matched.size(), 1440u);
+  EXPECT_EQ(v->matched.size() + v->unmatched_vmm.size(), v->vmm_exits);
+  EXPECT_EQ(v->matched.size() + v->unmatched_kernel.size(), v->kernel_exits);
+  EXPECT_EQ(v->mapping, JointMapping::kThreadByTime);
+  ASSERT_EQ(v->threads.size(), dump->vcpus.size());
+  EXPECT_NE(v->threads.front().tid, v->threads.back().tid);
+  EXPECT_EQ(v->tsc_hz, dump->clock.tsc_hz);
+  for (const JointUnmatched& u : v->unmatched_vmm) {
+    EXPECT_TRUE(KnownReasons().count(u.reason)) << u.reason;
+    EXPECT_NE(u.reason, kReasonNoKernelExit) << u.what;
+  }
+  for (const JointUnmatched& u : v->unmatched_kernel) {
+    EXPECT_TRUE(KnownReasons().count(u.reason)) << u.reason;
+    EXPECT_NE(u.reason, kReasonNoVmmExit) << u.what;
+  }
+  size_t sane = 0;
+  for (const JointExit& j : v->matched) {
+    ASSERT_EQ(j.before_ns + j.handler_ns + j.after_ns, j.kernel_ns);
+    EXPECT_GE(j.offset_ns, -2);
+    const uint64_t kernel_part = j.before_ns + j.after_ns;
+    if (kernel_part >= 1'000 && kernel_part <= 1'000'000) ++sane;
+  }
+  // The kernel's part of a round trip on this host is ~20 us: between 1 us and 1 ms for
+  // (nearly) every exit. A bound, not a timing.
+  EXPECT_GE(sane, v->matched.size() * 99 / 100);
+  EXPECT_GE(v->offset.median_ns, 1'000);
+  EXPECT_LE(v->offset.median_ns, 1'000'000);
+
+  const JointGroups g = GroupJointExits(v->matched);
+  uint64_t n = 0;
+  for (const JointGroup& k : g.by_kind) n += k.count;
+  EXPECT_EQ(n, v->matched.size());
+  bool doorbell = false;
+  for (const JointGroup& r : g.by_register) doorbell |= r.key.find("DBL") != std::string::npos;
+  EXPECT_TRUE(doorbell);
+  std::printf(
+      "joint-blk: %zu matched, %zu VMM and %zu kernel unmatched, offset median %lld ns "
+      "max %lld ns\n",
+      v->matched.size(), v->unmatched_vmm.size(), v->unmatched_kernel.size(),
+      static_cast<long long>(v->offset.median_ns), static_cast<long long>(v->offset.max_ns));
+}
+
+// Constructed cases: a dump whose TSC is 1 GHz with base 0, so a tick is a nanosecond on
+// both sides, and one kernel userspace exit per VMM exit: the kernel exit starts 5 us before
+// the handler and ends 7 us after it.
+constexpr uint64_t kPeriod = 100'000, kBefore = 5'000, kHandler = 10'000, kAfter = 7'000;
+
+struct Case {
+  Dump dump;
+  std::vector<ExitEvent> kernel;
+};
+
+Case MakeCase(int n, int64_t shift_ticks = 0) {
+  Case c;
+  c.dump.clock.source = ClockSource::kTsc;
+  c.dump.clock.tsc_hz = 1'000'000'000;
+  c.dump.clock.ns_per_tick = 1.0;
+  c.dump.clock.base_ticks = 0;
+  c.dump.clock.base_ns = 0;
+  DeviceInfo dev;
+  dev.name = "uart0";
+  c.dump.devices.push_back(dev);
+  c.dump.vcpus.resize(1);
+  for (int i = 0; i < n; ++i) {
+    const uint64_t t = 1'000'000 + static_cast<uint64_t>(i) * kPeriod;
+    DumpExit d;
+    d.start_ns = t + kBefore;
+    d.duration_ns = kHandler;
+    d.kind = ExitKind::kPio;
+    d.addr = 0x3f8;
+    d.device = 0;
+    d.dir = AccessDir::kWrite;
+    c.dump.vcpus[0].exits.push_back(d);
+    ExitEvent e;
+    e.start_ns = static_cast<uint64_t>(static_cast<int64_t>(t) + shift_ticks);
+    e.duration_ns = kBefore + kHandler + kAfter;
+    e.tid = 4242;
+    e.userspace = true;
+    e.reason = "IO";
+    e.user_reason = "IO";
+    c.kernel.push_back(e);
+  }
+  return c;
+}
+
+TEST(JointView, SplitsEachExitIntoItsThreeParts) {
+  Case c = MakeCase(10);
+  auto v = BuildJointView(c.dump, c.kernel, "x86-tsc");
+  ASSERT_TRUE(v.has_value()) << v.error().message;
+  ASSERT_EQ(v->matched.size(), 10u);
+  EXPECT_TRUE(v->unmatched_vmm.empty());
+  EXPECT_TRUE(v->unmatched_kernel.empty());
+  for (const JointExit& j : v->matched) {
+    EXPECT_EQ(j.before_ns, kBefore);
+    EXPECT_EQ(j.handler_ns, kHandler);
+    EXPECT_EQ(j.after_ns, kAfter);
+    EXPECT_EQ(j.tid, 4242u);
+    EXPECT_EQ(j.kind, "PIO");
+    EXPECT_EQ(j.device, "uart0");
+  }
+  EXPECT_EQ(v->offset.median_ns, static_cast<int64_t>(kBefore));
+  EXPECT_EQ(v->offset.max_ns, static_cast<int64_t>(kBefore));
+  ASSERT_EQ(v->threads.size(), 1u);
+  EXPECT_EQ(v->threads[0].tid, 4242u);
+  const JointGroups g = GroupJointExits(v->matched);
+  ASSERT_EQ(g.by_kind.size(), 1u);
+  EXPECT_EQ(g.by_kind[0].handler.p50_ns, kHandler);
+  EXPECT_NEAR(g.by_kind[0].handler.share_p50, 10.0 / 22.0, 1e-9);
+}
+
+TEST(JointView, AKernelExitDroppedLeavesItsVmmExitUnmatchedWithAReason) {
+  Case c = MakeCase(10);
+  c.kernel.erase(c.kernel.begin() + 4);
+  auto v = BuildJointView(c.dump, c.kernel, "x86-tsc");
+  ASSERT_TRUE(v.has_value()) << v.error().message;
+  EXPECT_EQ(v->matched.size(), 9u);
+  ASSERT_EQ(v->unmatched_vmm.size(), 1u);
+  EXPECT_EQ(v->unmatched_vmm[0].reason, kReasonNoKernelExit);
+  EXPECT_EQ(v->unmatched_vmm[0].start_ns, 1'000'000 + 4 * kPeriod + kBefore);
+  EXPECT_TRUE(v->unmatched_kernel.empty());
+}
+
+TEST(JointView, AVmmExitDroppedLeavesItsKernelExitUnmatchedWithAReason) {
+  Case c = MakeCase(10);
+  c.dump.vcpus[0].exits.erase(c.dump.vcpus[0].exits.begin() + 4);
+  auto v = BuildJointView(c.dump, c.kernel, "x86-tsc");
+  ASSERT_TRUE(v.has_value()) << v.error().message;
+  EXPECT_EQ(v->matched.size(), 9u);
+  ASSERT_EQ(v->unmatched_kernel.size(), 1u);
+  EXPECT_EQ(v->unmatched_kernel[0].reason, kReasonNoVmmExit);
+  EXPECT_EQ(v->unmatched_kernel[0].tid, 4242u);
+}
+
+TEST(JointView, ASmallTscShiftStillNestsAndShowsInTheOffset) {
+  // 3 us later on the kernel side: still inside the 5 us slack before the handler.
+  Case c = MakeCase(10, 3'000);
+  auto v = BuildJointView(c.dump, c.kernel, "x86-tsc");
+  ASSERT_TRUE(v.has_value()) << v.error().message;
+  EXPECT_EQ(v->matched.size(), 10u);
+  EXPECT_EQ(v->offset.median_ns, 2'000);
+  for (const JointExit& j : v->matched) {
+    EXPECT_EQ(j.before_ns + j.handler_ns + j.after_ns, j.kernel_ns);
+  }
+}
+
+TEST(JointView, ATscShiftBeyondTheKernelsSlackIsRefused) {
+  // 8 us later: no VMM exit lies inside a kernel exit any more. The view refuses rather
+  // than guessing an offset (docs/joint.md).
+  Case c = MakeCase(10, 8'000);
+  auto v = BuildJointView(c.dump, c.kernel, "x86-tsc");
+  ASSERT_FALSE(v.has_value());
+  EXPECT_EQ(v.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_NE(v.error().message.find("cannot be aligned"), std::string::npos) << v.error().message;
+}
+
+TEST(JointView, ClocksWithoutOverlapAreRefused) {
+  Case c = MakeCase(10, 3'000'000'000);
+  auto v = BuildJointView(c.dump, c.kernel, "x86-tsc");
+  ASSERT_FALSE(v.has_value());
+  EXPECT_NE(v.error().message.find("do not overlap"), std::string::npos) << v.error().message;
+}
+
+TEST(JointView, ATraceClockOtherThanX86TscIsRefused) {
+  Case c = MakeCase(10);
+  auto v = BuildJointView(c.dump, c.kernel, "local");
+  ASSERT_FALSE(v.has_value());
+  EXPECT_NE(v.error().message.find("'local', not x86-tsc"), std::string::npos) << v.error().message;
+  c.dump.clock.source = ClockSource::kMonotonic;
+  EXPECT_FALSE(BuildJointView(c.dump, c.kernel, "x86-tsc").has_value());
+}
+
+TEST(JointView, TraceCutShortLeavesLaterVmmExitsOutsideItsRange) {
+  Case c = MakeCase(10);
+  c.kernel.resize(6);
+  // The 6th kernel exit never ended: open at end of trace.
+  c.kernel[5].end = ExitEnd::kOpenAtEnd;
+  c.kernel[5].duration_ns = 0;
+  auto v = BuildJointView(c.dump, c.kernel, "x86-tsc");
+  ASSERT_TRUE(v.has_value()) << v.error().message;
+  EXPECT_EQ(v->matched.size(), 5u);
+  ASSERT_EQ(v->unmatched_vmm.size(), 5u);
+  EXPECT_EQ(v->unmatched_vmm[0].reason, kReasonOpenAtEnd);
+  for (size_t i = 1; i < 5; ++i) EXPECT_EQ(v->unmatched_vmm[i].reason, kReasonAfterTrace);
+  ASSERT_EQ(v->unmatched_kernel.size(), 1u);
+  EXPECT_EQ(v->unmatched_kernel[0].reason, kReasonOpenAtEnd);
+}
+
+TEST(JointView, DumpCutShortLeavesEarlierKernelExitsBeforeItsOldestExit) {
+  Case c = MakeCase(10);
+  auto& exits = c.dump.vcpus[0].exits;
+  exits.erase(exits.begin(), exits.begin() + 4);  // the ring overwrote the oldest four
+  // and the VMM was inside the last one when the dump was taken.
+  c.dump.vcpus[0].in_progress = exits.back();
+  exits.pop_back();
+  auto v = BuildJointView(c.dump, c.kernel, "x86-tsc");
+  ASSERT_TRUE(v.has_value()) << v.error().message;
+  EXPECT_EQ(v->matched.size(), 5u);
+  EXPECT_TRUE(v->unmatched_vmm.empty());
+  ASSERT_EQ(v->unmatched_kernel.size(), 5u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(v->unmatched_kernel[i].reason, kReasonBeforeDump);
+  EXPECT_EQ(v->unmatched_kernel[4].reason, kReasonInProgress);
+}
+
+}  // namespace
+}  // namespace exitscope::analysis

@@ -1165,7 +1165,11 @@ Status WriteDumpFile(const Dump& dump, const std::string& path, const DumpOption
 
 Result<Dump> ReadDump(const std::string& path) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return Fail(ErrorCode::kIo, path + ": cannot open: " + std::strerror(errno));
+  if (fd < 0) {
+    const int err = errno;  // a file that is not there is bad input (exit status 2), not I/O
+    return Fail(err == ENOENT || err == ENOTDIR ? ErrorCode::kNotFound : ErrorCode::kIo,
+                path + ": cannot open: " + std::strerror(err));
+  }
   struct stat st;
   if (fstat(fd, &st) != 0) {
     const int err = errno;

@@ -339,7 +339,11 @@ Result<RegisterMap> RegisterMap::Parse(std::string_view text, std::string_view o
 Result<RegisterMap> RegisterMap::Load(const std::string& path) {
   constexpr uint64_t kMaxBytes = 16u << 20;
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return Fail(ErrorCode::kIo, path + ": cannot open: " + std::strerror(errno));
+  if (fd < 0) {
+    const int err = errno;  // a file that is not there is bad input (exit status 2), not I/O
+    return Fail(err == ENOENT || err == ENOTDIR ? ErrorCode::kNotFound : ErrorCode::kIo,
+                path + ": cannot open: " + std::strerror(err));
+  }
   struct stat st;
   if (fstat(fd, &st) != 0) {
     const int err = errno;

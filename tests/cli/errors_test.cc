@@ -141,6 +141,7 @@ TEST_F(CliErrors, OneMappingFromErrorToExitStatus) {
   Expect({{"kvm", "report", "-i", junk}, 2, "junk.bin"});
   Expect({{"kvm", "report", "-i", kDat, "--device-map", junk}, 2, "junk.bin"});
   Expect({{"inspect", (dir_ / "missing.esdump").string()}, 2, "missing.esdump"});
+  Expect({{"kvm", "report", "-i", (dir_ / "missing.dat").string()}, 2, "missing.dat"});
   Expect({{"nosuch"}, 2, "unknown command"});
   Expect({{"kvm", "nosuch"}, 2, "unknown command"});
   Expect({{"inspect", kDump, "--no-such-flag"}, 2, "--no-such-flag"});

@@ -271,7 +271,7 @@ TEST_F(DumpTest, FlippedAndTruncatedBytesNeverCrash) {
   }
   auto missing = ReadDump((dir_ / "missing.esdump").string());
   ASSERT_FALSE(missing.has_value());
-  EXPECT_EQ(missing.error().code, ErrorCode::kIo);
+  EXPECT_EQ(missing.error().code, ErrorCode::kNotFound);
   auto notdump = ParseDump(
       "hello world, this is not a dump at all......................................", "n");
   ASSERT_FALSE(notdump.has_value());

@@ -202,7 +202,7 @@ TEST(RegisterMapTest, TablesMatchSearch) {
 TEST(RegisterMapTest, LoadMissingFile) {
   auto m = RegisterMap::Load("/nonexistent/x.map");
   ASSERT_FALSE(m.has_value());
-  EXPECT_EQ(m.error().code, ErrorCode::kIo);
+  EXPECT_EQ(m.error().code, ErrorCode::kNotFound);
   EXPECT_NE(m.error().message.find("/nonexistent/x.map"), std::string::npos);
 }
 

@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build demo test bench asan tsan tidy format clean
+.PHONY: all deps configure build demo test bench asan tsan format clean
 
 all: build
 
@@ -35,9 +35,6 @@ asan:
 tsan:
 	@$(MAKE) --no-print-directory build BUILD=build-tsan CMAKE_FLAGS="-DEXITSCOPE_SANITIZE=thread -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEXITSCOPE_BUILD_BENCH=OFF"
 	@cd build-tsan && ctest --output-on-failure -L concurrency
-
-tidy: configure
-	@run-clang-tidy -quiet -p $(BUILD) 'src/|include/' 2>/dev/null | grep -E 'warning:|error:' || echo "clang-tidy: clean"
 
 format:
 	@git ls-files '*.cc' '*.h' '*.c' | xargs clang-format -i

@@ -4,6 +4,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <map>
+#include <set>
+
 #include "report/format.h"
 
 namespace exitscope::report {
@@ -42,6 +46,87 @@ void GroupTable(std::string& out, const char* title, const char* key_name,
                        FormatDuration(s.Quantile(0.5)), FormatDuration(s.Quantile(0.99)),
                        FormatDuration(s.Quantile(0.999)), FormatDuration(s.max()));
   }
+}
+
+// The same list, in the same order, as the run summary's "in the kernel (KVM stats)" lines.
+constexpr std::string_view kKvmExitCounters[] = {
+    "exits",          "halt_exits",   "irq_exits",           "insn_emulation",    "mmio_exits",
+    "io_exits",       "signal_exits", "irq_window_exits",    "pf_taken",          "pf_fixed",
+    "pf_emulate",     "pf_guest",     "fpu_reload",          "host_state_reload", "halt_wakeup",
+    "irq_injections", "hypercalls",   "insn_emulation_fail", "request_irq_exits"};
+
+// The embedder's named counters of the vCPUs that pass the filter, as rows in report order:
+// the KVM exit counters first, then the other kvm.* counters, then the embedder's own.
+struct CounterTable {
+  std::vector<const DumpVcpu*> vcpus;  // columns
+  std::vector<std::string> exit_rows;  // "kvm.exits", ... (present on at least one vCPU)
+  std::vector<std::string> other_rows;
+  size_t zero_rows_hidden = 0;  // other rows 0 on every vCPU, left out unless `all`
+};
+
+CounterTable BuildCounterTable(const Dump& d, const analysis::SummaryFilter& filter, bool all) {
+  CounterTable t;
+  std::set<std::string> names;
+  for (const DumpVcpu& v : d.vcpus) {
+    if (filter.vcpu && v.vcpu != *filter.vcpu) continue;
+    if (v.named_counters.empty()) continue;
+    t.vcpus.push_back(&v);
+    for (const auto& [name, value] : v.named_counters) names.insert(name);
+  }
+  for (std::string_view k : kKvmExitCounters) {
+    auto it = names.find("kvm." + std::string(k));
+    if (it == names.end()) continue;
+    t.exit_rows.push_back(*it);
+    names.erase(it);
+  }
+  // kvm.* first (std::set order puts them together), then the embedder's own counters.
+  std::vector<std::string> rest(names.begin(), names.end());
+  std::stable_partition(rest.begin(), rest.end(),
+                        [](const std::string& n) { return n.rfind("kvm.", 0) == 0; });
+  for (std::string& name : rest) {
+    const bool nonzero = std::any_of(t.vcpus.begin(), t.vcpus.end(), [&](const DumpVcpu* v) {
+      auto it = v->named_counters.find(name);
+      return it != v->named_counters.end() && it->second != 0;
+    });
+    if (all || nonzero)
+      t.other_rows.push_back(std::move(name));
+    else
+      ++t.zero_rows_hidden;
+  }
+  return t;
+}
+
+void CounterTableText(std::string& out, const CounterTable& t) {
+  if (t.vcpus.empty()) return;
+  out +=
+      "\nPer-vCPU counters from the VMM (kvm.*: KVM binary stats, every exit the kernel saw, "
+      "most handled there)\n";
+  size_t w = std::string_view("counter").size();
+  for (const auto* rows : {&t.exit_rows, &t.other_rows})
+    for (const std::string& r : *rows) w = std::max(w, r.size());
+  constexpr size_t kColumns = 6;  // vCPUs side by side; more go in the next block
+  for (size_t first = 0; first < t.vcpus.size(); first += kColumns) {
+    const size_t last = std::min(t.vcpus.size(), first + kColumns);
+    out += fmt::format("  {:<{}}", "counter", w);
+    for (size_t c = first; c < last; ++c)
+      out += fmt::format(" {:>14}", fmt::format("vCPU {}", t.vcpus[c]->vcpu));
+    out += "\n";
+    auto row = [&](const std::string& name) {
+      out += fmt::format("  {:<{}}", name, w);
+      for (size_t c = first; c < last; ++c) {
+        auto it = t.vcpus[c]->named_counters.find(name);
+        out += it == t.vcpus[c]->named_counters.end() ? fmt::format(" {:>14}", "-")
+                                                      : fmt::format(" {:>14}", it->second);
+      }
+      out += "\n";
+    };
+    for (const std::string& name : t.exit_rows) row(name);
+    if (!t.exit_rows.empty() && !t.other_rows.empty()) out += "  (other counters)\n";
+    for (const std::string& name : t.other_rows) row(name);
+  }
+  if (t.zero_rows_hidden > 0)
+    out += fmt::format("  ... {} more counter{}, 0 on every vCPU (--all lists them)\n",
+                       t.zero_rows_hidden, t.zero_rows_hidden == 1 ? "" : "s");
 }
 
 std::string FindingLine(const analysis::FindingWithContext& f) {
@@ -105,12 +190,7 @@ std::string RenderTable(const Dump& d, const ExitSummary& s, const ExitHealthOpt
                          FormatDuration(io.age_ns));
   }
 
-  if (!s.vcpu_counters.empty()) {
-    out +=
-        "\nPer-vCPU counters from the VMM (summed; kvm.* are KVM binary stats: exits the kernel "
-        "handled too)\n";
-    for (const auto& [k, v] : s.vcpu_counters) out += fmt::format("  {:<32} {:>14}\n", k, v);
-  }
+  CounterTableText(out, BuildCounterTable(d, o.filter, o.max_rows == 0));
 
   const auto& l = s.losses;
   out += fmt::format(
@@ -200,6 +280,15 @@ std::string RenderJson(const Dump& d, const ExitSummary& s, const ExitHealthOpti
   }
   j["vcpu_counters"] = nlohmann::json::object();
   for (const auto& [k, v] : s.vcpu_counters) j["vcpu_counters"][k] = v;
+  // The same counters per vCPU, every one (zeros too), and which of them are exit counters.
+  const CounterTable t = BuildCounterTable(d, o.filter, /*all=*/true);
+  j["kvm_exit_counters"] = t.exit_rows;
+  j["counters_by_vcpu"] = nlohmann::json::array();
+  for (const DumpVcpu* v : t.vcpus) {
+    nlohmann::json c = nlohmann::json::object();
+    for (const auto& [k, value] : v->named_counters) c[k] = value;
+    j["counters_by_vcpu"].push_back({{"vcpu", v->vcpu}, {"counters", std::move(c)}});
+  }
   const auto& l = s.losses;
   j["losses"] = {{"exits_written", l.exits_written},
                  {"exits_overwritten", l.exits_overwritten},
@@ -220,6 +309,10 @@ std::string RenderJson(const Dump& d, const ExitSummary& s, const ExitHealthOpti
 }
 
 }  // namespace
+
+std::span<const std::string_view> KvmExitCounterNames() {
+  return kKvmExitCounters;
+}
 
 std::string ExitHealthReport(const Dump& dump, const ExitHealthOptions& options) {
   const ExitSummary s = analysis::Summarize(dump, options.filter);

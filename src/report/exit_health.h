@@ -4,13 +4,17 @@
 // Table format (default): a header naming the source, then per exit kind, device, register
 // and vCPU: count, rate, total, min, p50, p99, p99.9, max; the slow exits with device and
 // register names; the watchdog findings in time order with the I/Os in flight at the time;
-// the embedder's per-vCPU counters (in-kernel exit counts from KVM binary stats); and the
-// loss counters. JSON format: the same content, schema in docs/inspect.md.
+// the embedder's per-vCPU counters, one column per vCPU (the in-kernel exit counts from KVM
+// binary stats first, in KvmExitCounterNames() order; the other non-zero counters after,
+// every counter with --all); and the loss counters. JSON format: the same content, schema
+// in docs/inspect.md.
 #pragma once
 
 #include <cstdint>
 #include <cstdio>
+#include <span>
 #include <string>
+#include <string_view>
 
 #include "analysis/exit_summary.h"
 #include "exitscope/dump.h"
@@ -22,10 +26,18 @@ enum class OutputFormat { kTable, kJson };
 struct ExitHealthOptions {
   OutputFormat format = OutputFormat::kTable;
   analysis::SummaryFilter filter;
-  size_t max_rows = 20;     // rows per group table (0 = all); JSON always has all
+  // Rows per group table (0 = all, and then every per-vCPU counter, zeros included: what
+  // `inspect --all` asks for). JSON always has all.
+  size_t max_rows = 20;
   size_t max_notable = 50;  // slow exits / findings listed (0 = all); JSON always has all
   std::string source;       // what the dump came from ("vm.esdump", "live snapshot")
 };
+
+// The KVM binary stats (without the "kvm." prefix the VMM stores them under) that count why
+// the guest exited, in the order the report lists them: "exits", "halt_exits", "irq_exits",
+// "insn_emulation", "mmio_exits", "io_exits", "pf_taken", ... Listed even when 0 (io_exits
+// stays 0 on kvm-pvm: a 0 is a measurement).
+std::span<const std::string_view> KvmExitCounterNames();
 
 // Renders the report to a string.
 std::string ExitHealthReport(const Dump& dump, const ExitHealthOptions& options);

@@ -51,29 +51,23 @@ void HaltWaiter::KickAll() {
   for (uint32_t i = 0; i < slots_.size(); ++i) Kick(i);
 }
 
-bool UnassignedLog::Note(IoSpace space, uint64_t addr, uint32_t size, AccessDir dir,
-                         std::string_view what, uint32_t vcpu) {
-  {
-    std::lock_guard lock(mu_);
-    ++total_;
-    if (!seen_.insert({static_cast<int>(space), addr}).second) return false;
-  }
-  if (log_) {
-    char line[256];
-    std::snprintf(
-        line, sizeof(line),
-        "vCPU %u: %s %s %uB at %s 0x%" PRIx64 " (%.*s): %s; logged once per address", vcpu,
-        space == IoSpace::kPio ? "PIO" : "MMIO", dir == AccessDir::kWrite ? "write" : "read", size,
-        space == IoSpace::kPio ? "port" : "address", addr, static_cast<int>(what.size()),
-        what.data(), dir == AccessDir::kWrite ? "write dropped" : "read returns all ones");
-    log_(line);
-  }
-  return true;
+void UnassignedLog::Log(IoSpace space, uint64_t addr, uint32_t size, AccessDir dir, uint32_t vcpu,
+                        std::string_view what) {
+  char line[256];
+  std::snprintf(line, sizeof(line),
+                "vCPU %u: %s %s %uB at %s 0x%" PRIx64 " (%.*s): %s; logged once per address", vcpu,
+                space == IoSpace::kPio ? "PIO" : "MMIO",
+                dir == AccessDir::kWrite ? "write" : "read", size,
+                space == IoSpace::kPio ? "port" : "address", addr, static_cast<int>(what.size()),
+                what.data(), dir == AccessDir::kWrite ? "write dropped" : "read returns all ones");
+  log_(line);
 }
 
-uint64_t UnassignedLog::count() const {
-  std::lock_guard lock(mu_);
-  return total_;
+std::string UnassignedLog::Summary() const {
+  const uint64_t n = count(), l = logged();
+  return std::to_string(n) + (n == 1 ? " access, " : " accesses, ") + std::to_string(l) +
+         (l == 1 ? " address" : " addresses") + " logged, " + std::to_string(overflow()) +
+         " not logged (log full; " + std::to_string(capacity()) + " addresses per space)";
 }
 
 const VcpuOutcome& VcpuLoop::Run() {
@@ -217,15 +211,14 @@ void VcpuLoop::Access(IoSpace space, const Resolution& res, uint64_t addr, uint8
                                        : dev->Read(res.offset, data, size, ctx);
   if (handled) return;
   if (dir == AccessDir::kRead) std::memset(data, 0xff, size);
-  if (env_.unassigned != nullptr) {
-    std::string what =
-        dev == nullptr ? std::string("unassigned") : "no register at offset 0x" + [&] {
-          char b[24];
-          std::snprintf(b, sizeof(b), "%llx", static_cast<unsigned long long>(res.offset));
-          return std::string(b);
-        }() + " of " + env_.bus->DeviceName(res.device);
-    env_.unassigned->Note(space, addr, size, dir, what, index_);
-  }
+  if (env_.unassigned != nullptr)
+    env_.unassigned->Note(space, addr, size, dir, index_, [&] {
+      if (dev == nullptr) return std::string("unassigned");
+      char b[24];
+      std::snprintf(b, sizeof(b), "%llx", static_cast<unsigned long long>(res.offset));
+      return "no register at offset 0x" + std::string(b) + " of " +
+             env_.bus->DeviceName(res.device);
+    });
 }
 
 VcpuState VcpuLoop::Finish(const AccessContext& ctx) {

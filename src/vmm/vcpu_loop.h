@@ -6,7 +6,8 @@
 // the vCPU is about to re-enter. PIO and MMIO are dispatched through the VMM's bus (an
 // exitscope::AddressSpace, the same one the recorder resolves names with); an access to no
 // device, or to a device offset with no register, is answered like hardware (reads all ones,
-// writes dropped), logged once per address, and the VM keeps running.
+// writes dropped), logged once per address (in fixed memory: UnassignedLog), and the VM keeps
+// running.
 #pragma once
 
 #include <linux/kvm.h>
@@ -16,7 +17,6 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
-#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -25,6 +25,7 @@
 #include "exitscope/address_space.h"
 #include "exitscope/recorder.h"
 #include "exitscope/status.h"
+#include "exitscope/unassigned_log.h"
 #include "vmm/device.h"
 #include "vmm/fault_injection.h"
 #include "vmm/guest_memory.h"
@@ -63,19 +64,42 @@ class HaltWaiter {
   uint32_t tick_us_;
 };
 
-// Logs an unassigned address (or unknown register) once per (space, address).
+// Logs an access no device answered (an unassigned address, or a device offset with no
+// register) once per (space, address), in fixed memory. A guest chooses these addresses: one
+// scanning MMIO touches millions of distinct ones. The "seen" set is the library's
+// UnassignedAccessLog (`capacity` addresses per space, allocated here, lock-free, constant
+// cost per access); once it is full, further new addresses are counted in overflow() and
+// never logged, so a scan costs at most `capacity` log lines and no host memory grows.
 class UnassignedLog {
  public:
-  explicit UnassignedLog(std::function<void(std::string_view)> log) : log_(std::move(log)) {}
-  // Returns true the first time (and logs).
-  bool Note(IoSpace space, uint64_t addr, uint32_t size, AccessDir dir, std::string_view what,
-            uint32_t vcpu);
-  uint64_t count() const;
+  static constexpr uint32_t kDefaultCapacity = 4096;
+  explicit UnassignedLog(std::function<void(std::string_view)> log,
+                         uint32_t capacity = kDefaultCapacity)
+      : seen_(capacity), log_(std::move(log)) {}
+
+  // Counts the access; the first time (space, addr) is seen and remembered, builds the log
+  // line (`what()` names what is missing there, called only then) and logs it. Returns
+  // whether it logged. Safe from any number of vCPU threads.
+  template <typename What>
+  bool Note(IoSpace space, uint64_t addr, uint32_t size, AccessDir dir, uint32_t vcpu,
+            What&& what) {
+    if (!seen_.FirstTime(space, addr)) return false;
+    if (log_) Log(space, addr, size, dir, vcpu, what());
+    return true;
+  }
+
+  uint64_t count() const { return seen_.accesses(); }     // every access noted
+  uint64_t logged() const { return seen_.remembered(); }  // distinct addresses logged
+  uint64_t overflow() const { return seen_.overflow(); }  // accesses never logged: full
+  uint32_t capacity() const { return seen_.capacity(); }  // per space
+  // "12 accesses, 1 address logged, 0 not logged (log full; 4096 per space)".
+  std::string Summary() const;
 
  private:
-  mutable std::mutex mu_;
-  std::set<std::pair<int, uint64_t>> seen_;
-  uint64_t total_ = 0;
+  void Log(IoSpace space, uint64_t addr, uint32_t size, AccessDir dir, uint32_t vcpu,
+           std::string_view what);
+
+  UnassignedAccessLog seen_;
   std::function<void(std::string_view)> log_;
 };
 

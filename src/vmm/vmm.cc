@@ -277,8 +277,14 @@ void Vmm::StopAll() {
   for (unsigned long t : threads_) pthread_kill(static_cast<pthread_t>(t), KickSignal());
 }
 
+void Vmm::NoteUnassigned() {
+  if (recorder_ && unassigned_ && unassigned_->count() > 0)
+    recorder_->SetAttribute("unassigned", unassigned_->Summary());
+}
+
 Status Vmm::WriteDumpNow(const char* why) {
   if (!recorder_ || !cfg_.write_dump) return {};
+  NoteUnassigned();
   if (auto st = recorder_->WriteDump(dump_path_); !st) {
     Log("exitscope run: dump " + dump_path_ + " (" + why + ") failed: " + st.error().message);
     return st;
@@ -418,6 +424,9 @@ Result<VmmResult> Vmm::Run() {
   result.fatal_detail = fatal_;
   result.block = nvme_->stats();
   result.unassigned_accesses = unassigned_->count();
+  result.unassigned_logged = unassigned_->logged();
+  result.unassigned_overflow = unassigned_->overflow();
+  NoteUnassigned();  // also for the end report's snapshot when no dump is written
   SampleKvmStats(&result);
   if (recorder_ && cfg_.write_dump) {
     if (WriteDumpNow("end of run")) result.dump_path = dump_path_;

@@ -79,8 +79,10 @@ struct VmmResult {
   std::vector<VcpuReport> vcpus;
   std::string dump_path;  // "" when none written
   NvmeBlock::Stats block;
-  uint64_t unassigned_accesses = 0;
-  std::string kvm_stats_note;  // why stats are missing, when they are
+  uint64_t unassigned_accesses = 0;  // accesses no device answered (all, logged or not)
+  uint64_t unassigned_logged = 0;    // distinct addresses logged (once each)
+  uint64_t unassigned_overflow = 0;  // accesses not logged because the log was full
+  std::string kvm_stats_note;        // why stats are missing, when they are
 };
 
 class Vmm {
@@ -119,6 +121,7 @@ class Vmm {
   void StopAll();
   void SampleKvmStats(VmmResult* result);
   Status WriteDumpNow(const char* why);
+  void NoteUnassigned();  // the unassigned-access counts as the dump attribute "unassigned"
 
   VmmConfig cfg_;
   std::string image_path_;

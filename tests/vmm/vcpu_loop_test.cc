@@ -8,6 +8,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -206,6 +207,64 @@ TEST_F(VcpuLoopTest, MmioReadOfUnassignedAddressIsAllOnes) {
   EXPECT_EQ(exits[0].addr, ES_UNASSIGNED_MMIO);
   EXPECT_EQ(exits[0].device, kUnassigned);
   EXPECT_EQ(loop.outcome().mmio_exits, 1u);
+}
+
+// A guest scanning unassigned MMIO touches a million distinct addresses. The log must stay
+// in the memory it was given (no entry per address), log each address at most once, count
+// what it could not log, and never stop the VM.
+TEST_F(VcpuLoopTest, MmioScanOfAMillionAddressesStaysInFixedMemoryAndCountsOverflow) {
+  VcpuLoop loop(vcpu, env);
+  constexpr uint64_t kScan = 1'000'000;
+  ASSERT_LT(ES_UNASSIGNED_MMIO + kScan * 4, ES_NVME_BASE);
+  for (uint64_t i = 0; i < kScan; ++i) {
+    vcpu.Mmio(ES_UNASSIGNED_MMIO + i * 4, 4, i % 2 == 1, i);
+    ASSERT_EQ(loop.HandleExit(), VcpuState::kRunning) << "access " << i;
+  }
+  // Again from the start: what was remembered is not logged twice.
+  for (uint64_t i = 0; i < 1000; ++i) {
+    vcpu.Mmio(ES_UNASSIGNED_MMIO + i * 4, 4, false, 0);
+    ASSERT_EQ(loop.HandleExit(), VcpuState::kRunning);
+  }
+  EXPECT_EQ(loop.outcome().mmio_exits, kScan + 1000);
+  EXPECT_EQ(LoadLe(vcpu.run()->mmio.data, 4), 0xffffffffu);
+
+  EXPECT_EQ(unassigned.capacity(), UnassignedLog::kDefaultCapacity);
+  EXPECT_LE(unassigned.logged(), unassigned.capacity());
+  EXPECT_GT(unassigned.logged(), unassigned.capacity() / 2);  // the table does fill
+  EXPECT_EQ(unassigned.count(), kScan + 1000);
+  // Every access is either the one that logged its address, a repeat of a logged address,
+  // or counted as overflow: of the first pass, exactly kScan - logged are overflow.
+  EXPECT_GE(unassigned.overflow(), kScan - unassigned.logged());
+  EXPECT_LE(unassigned.overflow(), kScan + 1000 - unassigned.logged());
+
+  ASSERT_EQ(log.size(), unassigned.logged());
+  std::set<std::string> distinct(log.begin(), log.end());
+  EXPECT_EQ(distinct.size(), log.size()) << "an address was logged twice";
+  EXPECT_NE(log[0].find("MMIO"), std::string::npos) << log[0];
+  EXPECT_NE(log[0].find("unassigned"), std::string::npos) << log[0];
+  EXPECT_NE(unassigned.Summary().find(std::to_string(unassigned.overflow()) + " not logged"),
+            std::string::npos)
+      << unassigned.Summary();
+}
+
+TEST_F(VcpuLoopTest, UnassignedLogOfOneAddressLogsOnceAndNeverOverflows) {
+  UnassignedLog small([](std::string_view) {}, 8);
+  for (int i = 0; i < 100; ++i)
+    small.Note(IoSpace::kMmio, ES_UNASSIGNED_MMIO, 4, AccessDir::kRead, 0,
+               [] { return std::string("unassigned"); });
+  EXPECT_EQ(small.count(), 100u);
+  EXPECT_EQ(small.logged(), 1u);
+  EXPECT_EQ(small.overflow(), 0u);
+  // The description is built only for the access that logs.
+  int built = 0;
+  for (uint64_t a = 0; a < 1000; ++a)
+    small.Note(IoSpace::kPio, a, 1, AccessDir::kWrite, 1, [&] {
+      ++built;
+      return std::string("unassigned");
+    });
+  EXPECT_EQ(static_cast<uint64_t>(built), small.logged() - 1);
+  EXPECT_LE(small.logged(), 1u + small.capacity());
+  EXPECT_EQ(small.overflow(), 1000u - (small.logged() - 1));
 }
 
 TEST_F(VcpuLoopTest, MmioToADeviceWithoutAModelIsUnknownRegisterAndVmKeepsRunning) {

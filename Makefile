@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build demo test bench asan tsan format clean
+.PHONY: all deps configure build demo test bench asan tsan format clean fuzz
 
 all: build
 
@@ -35,6 +35,11 @@ asan:
 tsan:
 	@$(MAKE) --no-print-directory build BUILD=build-tsan CMAKE_FLAGS="-DEXITSCOPE_SANITIZE=thread -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEXITSCOPE_BUILD_BENCH=OFF"
 	@cd build-tsan && ctest --output-on-failure -L concurrency
+
+# AFL++ on every parser for FUZZ_SECONDS each (build-fuzz/, docs/fuzzing.md); fails on a crash.
+FUZZ_SECONDS ?= 60
+fuzz:
+	@scripts/fuzz.sh $(FUZZ_SECONDS)
 
 format:
 	@git ls-files '*.cc' '*.h' '*.c' | xargs clang-format -i

@@ -348,7 +348,7 @@ class Reader {
                std::to_string(base_ + pos_) + ": " + why;
     }
   }
-  std::unexpected<Error> Fail() const { return exitscope::Fail(ErrorCode::kCorrupt, error_); }
+  Unexpected Fail() const { return exitscope::Fail(ErrorCode::kCorrupt, error_); }
 
  private:
   uint64_t Le(int n) {

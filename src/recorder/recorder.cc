@@ -118,10 +118,10 @@ Status CheckOptions(const RecorderOptions& o) {
 }  // namespace
 
 Result<std::unique_ptr<Recorder>> Recorder::Create(const RecorderOptions& options) {
-  if (Status s = CheckOptions(options); !s) return std::unexpected(s.error());
+  EXITSCOPE_RETURN_IF_ERROR(CheckOptions(options));
   std::unique_ptr<Recorder> r(new Recorder(options));
   if (options.start_watchdog) {
-    if (Status s = r->StartWatchdog(options.watchdog); !s) return std::unexpected(s.error());
+    EXITSCOPE_RETURN_IF_ERROR(r->StartWatchdog(options.watchdog));
   }
   return r;
 }

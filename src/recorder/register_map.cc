@@ -412,7 +412,7 @@ Result<std::shared_ptr<const RegisterMap>> RegisterMap::Builtin(std::string_view
                 "no builtin register map '" + std::string(name) + "' (known: " + known + ")");
   }
   auto m = Parse(text, "builtin:" + std::string(name) + ".map");
-  if (!m) return std::unexpected(m.error());
+  if (!m) return Propagate(m);
   auto p = std::make_shared<const RegisterMap>(std::move(*m));
   cache.emplace(std::string(name), p);
   return p;

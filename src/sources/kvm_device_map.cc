@@ -159,17 +159,17 @@ Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::Parse(std::string_view text,
 Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::LoadText(const std::string& path) {
   struct stat st {};
   auto fd = OpenMapFile(path, &st);
-  if (!fd) return std::unexpected(fd.error());
+  if (!fd) return Propagate(fd);
   auto text = ReadBounded(*fd, path, kMaxDeviceMapBytes);
   ::close(*fd);
-  if (!text) return std::unexpected(text.error());
+  if (!text) return Propagate(text);
   const size_t slash = path.rfind('/');
   return Parse(*text, path, slash == std::string::npos ? "." : path.substr(0, slash));
 }
 
 Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::LoadDump(const std::string& path) {
   auto dump = ReadDump(path);
-  if (!dump) return std::unexpected(dump.error());
+  if (!dump) return Propagate(dump);
   std::unique_ptr<KvmDeviceMap> m(new KvmDeviceMap());
   std::vector<std::shared_ptr<const RegisterMap>> maps;
   for (const RegisterMap& rm : dump->maps) maps.push_back(std::make_shared<const RegisterMap>(rm));
@@ -194,7 +194,7 @@ Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::LoadDump(const std::string& 
 Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::Load(const std::string& path) {
   struct stat st {};
   auto fd = OpenMapFile(path, &st);
-  if (!fd) return std::unexpected(fd.error());
+  if (!fd) return Propagate(fd);
   char head[8] = {};
   const ssize_t got = ::pread(*fd, head, sizeof(head), 0);
   ::close(*fd);

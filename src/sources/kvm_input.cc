@@ -53,12 +53,12 @@ Result<std::unique_ptr<KvmInput>> KvmInput::Open(const std::string& path,
   if (LooksLikeTraceCmdDat(std::string_view(head, static_cast<size_t>(n))) ||
       (n >= 3 && head[0] == '\x17' && head[1] == '\x08' && head[2] == '\x44')) {
     auto dat = TraceCmdDat::Open(path);
-    if (!dat) return std::unexpected(dat.error());
+    if (!dat) return Propagate(dat);
     in->dat_ = std::move(*dat);
     in->clock_ = in->dat_->clock();
   } else {
     auto text = TraceText::Open(path, options.text);
-    if (!text) return std::unexpected(text.error());
+    if (!text) return Propagate(text);
     in->text_ = std::move(*text);
     in->clock_ = in->text_->clock();
   }

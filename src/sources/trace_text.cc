@@ -467,7 +467,7 @@ Result<std::unique_ptr<TraceText>> TraceText::Open(const std::string& path, Text
     t->data_ = static_cast<const char*>(m);
   }
   ::close(fd);
-  if (Status s = t->Detect(); !s) return std::unexpected(s.error());
+  EXITSCOPE_RETURN_IF_ERROR(t->Detect());
   return t;
 }
 
@@ -479,7 +479,7 @@ Result<std::unique_ptr<TraceText>> TraceText::FromString(std::string text, std::
   t->owned_ = std::move(text);
   t->data_ = t->owned_.data();
   t->size_ = t->owned_.size();
-  if (Status s = t->Detect(); !s) return std::unexpected(s.error());
+  EXITSCOPE_RETURN_IF_ERROR(t->Detect());
   return t;
 }
 

@@ -757,6 +757,9 @@ Status ProbeFormatsInChild(const Layout& L, const std::string& path, uint64_t fi
     };
     ::setrlimit(RLIMIT_CPU, &cpu);
     ::alarm(30);
+    // Whatever the child prints as it parses or dies (libtraceevent's warnings, a sanitizer's
+    // report of the crash) is not for the user: the parent reports the outcome in one line.
+    if (const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC); null >= 0) ::dup2(null, 2);
     tep_handle* tep = BuildTep(L, progress);
     ::_exit(tep != nullptr ? 0 : 3);
   }
@@ -906,8 +909,8 @@ Result<std::unique_ptr<TraceCmdDat>> TraceCmdDat::Open(const std::string& path) 
   }
   dat->layout_ = std::make_unique<Layout>();
   Layout& L = *dat->layout_;
-  if (Status s = LayoutParser(file, path).Parse(&L); !s) return std::unexpected(s.error());
-  if (Status s = ProbeFormatsInChild(L, path, size); !s) return std::unexpected(s.error());
+  EXITSCOPE_RETURN_IF_ERROR(LayoutParser(file, path).Parse(&L));
+  EXITSCOPE_RETURN_IF_ERROR(ProbeFormatsInChild(L, path, size));
   std::vector<FormatFailure> failures;
   dat->tep_ = BuildTep(L, nullptr, &failures);
   if (dat->tep_ == nullptr) {

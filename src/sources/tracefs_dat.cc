@@ -54,7 +54,7 @@ Result<std::vector<std::string>> SystemFormats(const std::string& tracefs, const
     const std::string path = tracefs + "/events/" + sys + "/" + ev + "/format";
     if (::access(path.c_str(), R_OK) != 0) continue;
     auto f = ReadTracefsFile(path);
-    if (!f) return std::unexpected(f.error());
+    if (!f) return Propagate(f);
     out.push_back(std::move(*f));
   }
   return out;
@@ -144,13 +144,13 @@ Result<std::unique_ptr<TraceDatWriter>> TraceDatWriter::Create(const std::string
   Put<uint32_t>(h, static_cast<uint32_t>(layout.page_size));
   for (const char* name : {"header_page", "header_event"}) {
     auto text = ReadTracefsFile(layout.tracefs_dir + "/events/" + name);
-    if (!text) return std::unexpected(text.error());
+    if (!text) return Propagate(text);
     h.append(name, std::strlen(name) + 1);
     Put<uint64_t>(h, text->size());
     h += *text;
   }
   auto ftrace = SystemFormats(layout.tracefs_dir, "ftrace");
-  if (!ftrace) return std::unexpected(ftrace.error());
+  if (!ftrace) return Propagate(ftrace);
   Put<uint32_t>(h, static_cast<uint32_t>(ftrace->size()));
   for (const std::string& f : *ftrace) {
     Put<uint64_t>(h, f.size());
@@ -162,7 +162,7 @@ Result<std::unique_ptr<TraceDatWriter>> TraceDatWriter::Create(const std::string
   Put<uint32_t>(h, static_cast<uint32_t>(systems.size()));
   for (const std::string& sys : systems) {
     auto formats = SystemFormats(layout.tracefs_dir, sys);
-    if (!formats) return std::unexpected(formats.error());
+    if (!formats) return Propagate(formats);
     h.append(sys.c_str(), sys.size() + 1);
     Put<uint32_t>(h, static_cast<uint32_t>(formats->size()));
     for (const std::string& f : *formats) {
@@ -240,7 +240,7 @@ Status TraceDatWriter::Finish(const std::string& buffer_dir) {
   Put<uint32_t>(h, static_cast<uint32_t>(layout_.cpus));
 
   auto clock_file = ReadTracefsFile(buffer_dir + "/trace_clock");
-  if (!clock_file) return std::unexpected(clock_file.error());
+  if (!clock_file) return Propagate(clock_file);
   h.append("options  ", 10);
   const std::string clock_opt = *clock_file + '\0';
   Put<uint16_t>(h, kOptionTraceClock);

@@ -80,7 +80,7 @@ Result<size_t> TracefsPageReader::Poll(const PageSink& sink, size_t max_pages_pe
       ++pages;
       ++pages_read_;
       if (Status st = sink(static_cast<int>(cpu), page_.data(), page_size_); !st) {
-        return std::unexpected(st.error());
+        return Propagate(st);
       }
     }
   }
@@ -103,7 +103,7 @@ Result<TepEvents> TepEvents::Load(const std::string& tracefs_dir,
   tep_set_long_size(tep, static_cast<int>(sizeof(long)));
   tep_set_page_size(tep, static_cast<int>(::sysconf(_SC_PAGESIZE)));
   auto header = ReadTracefsFile(tracefs_dir + "/events/header_page");
-  if (!header) return std::unexpected(header.error());
+  if (!header) return Propagate(header);
   if (tep_parse_header_page(tep, header->data(), header->size(), static_cast<int>(sizeof(long))) !=
       0) {
     return Fail(ErrorCode::kCorrupt,
@@ -124,7 +124,7 @@ Result<TepEvents> TepEvents::Load(const std::string& tracefs_dir,
       const std::string path = sysdir + "/" + ev + "/format";
       if (::access(path.c_str(), R_OK) != 0) continue;  // "enable", "filter": not events
       auto text = ReadTracefsFile(path);
-      if (!text) return std::unexpected(text.error());
+      if (!text) return Propagate(text);
       // A format libtraceevent cannot parse (an exotic print fmt) still defines its fields:
       // tep keeps the event with a warning, so only a missing event is an error.
       (void)tep_parse_event(tep, text->data(), text->size(), sys.c_str());

@@ -298,7 +298,7 @@ Result<TracefsSettings> TracefsSettings::Capture(const std::string& buffer_dir,
     const std::string path = buffer_dir + "/" + rel;
     if (!Exists(path)) continue;
     auto content = ReadTracefsFile(path);
-    if (!content) return std::unexpected(content.error());
+    if (!content) return Propagate(content);
     s.files_.emplace_back(rel, std::move(*content));
   }
   // Page geometry, to compare an unexpanded size with the size the kernel expands it to.
@@ -387,7 +387,7 @@ std::vector<std::string> TracefsSettings::Diff(const TracefsSettings& other) con
 
 Result<std::unique_ptr<TracefsSession>> TracefsSession::Open(const TracefsOptions& options) {
   auto dir = FindTracefs(options.tracefs_dir, options.mount_if_missing);
-  if (!dir) return std::unexpected(dir.error());
+  if (!dir) return Propagate(dir);
   if (options.top_level && !options.instance.empty()) {
     return Fail(ErrorCode::kInvalidArgument, "choose either the top-level buffer or an instance");
   }
@@ -454,7 +454,7 @@ Result<std::unique_ptr<TracefsSession>> TracefsSession::Open(const TracefsOption
     auto saved = TracefsSettings::Capture(s->buffer_dir_, s->systems_);
     if (!saved) {
       s->closed_ = true;
-      return std::unexpected(saved.error());
+      return Propagate(saved);
     }
     s->saved_ = std::make_unique<TracefsSettings>(std::move(*saved));
   }
@@ -472,7 +472,7 @@ Result<std::unique_ptr<TracefsSession>> TracefsSession::Open(const TracefsOption
   Status st = s->Apply(options);
   if (!st) {
     (void)s->Close();
-    return std::unexpected(st.error());
+    return Propagate(st);
   }
   s->enabled_ = std::move(events);
   for (const std::string& e : s->enabled_) {
@@ -483,7 +483,7 @@ Result<std::unique_ptr<TracefsSession>> TracefsSession::Open(const TracefsOption
     st = WriteTracefsFile(path, "1");
     if (!st) {
       (void)s->Close();
-      return std::unexpected(st.error());
+      return Propagate(st);
     }
   }
   return s;
@@ -493,7 +493,7 @@ Status TracefsSession::Apply(const TracefsOptions& options) {
   if (Status st = WriteTracefsFile(buffer_dir_ + "/tracing_on", "0"); !st) return st;
 
   auto clocks = ReadTracefsFile(buffer_dir_ + "/trace_clock");
-  if (!clocks) return std::unexpected(clocks.error());
+  if (!clocks) return Propagate(clocks);
   clock_ = SelectedClock(*clocks);
   for (const std::string& want : options.clocks) {
     // Offered clocks are space separated, the current one in brackets.

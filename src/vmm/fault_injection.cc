@@ -64,11 +64,11 @@ Result<InjectSpec> ParseInjectSpec(std::string_view text) {
     }
     s.device = std::string(target);
     auto ms = Number(t, f[2], "delay in ms", 1);
-    if (!ms) return std::unexpected(ms.error());
+    if (!ms) return Propagate(ms);
     s.ms = *ms;
     if (f.size() == 4) {
       auto every = Number(t, f[3], "EVERY_N", 1);
-      if (!every) return std::unexpected(every.error());
+      if (!every) return Propagate(every);
       s.every = *every;
     }
     return s;
@@ -78,7 +78,7 @@ Result<InjectSpec> ParseInjectSpec(std::string_view text) {
     s.kind = InjectSpec::Kind::kBackendError;
     s.device = std::string(f[1]);
     auto every = Number(t, f[2], "EVERY_N", 1);
-    if (!every) return std::unexpected(every.error());
+    if (!every) return Propagate(every);
     s.every = *every;
     return s;
   }

@@ -51,8 +51,7 @@ Status PreadAll(int fd, void* buf, size_t len, uint64_t off, const std::string& 
 
 Result<KvmStatsSchema> ReadKvmStatsSchema(int fd, const std::string& origin) {
   uint8_t hb[kStatsHeaderSize];
-  if (auto st = PreadAll(fd, hb, sizeof(hb), 0, origin, "the header"); !st)
-    return std::unexpected(st.error());
+  EXITSCOPE_RETURN_IF_ERROR(PreadAll(fd, hb, sizeof(hb), 0, origin, "the header"));
   const uint32_t name_size = Load32(hb + 4), num_desc = Load32(hb + 8), id_offset = Load32(hb + 12),
                  desc_offset = Load32(hb + 16), data_offset = Load32(hb + 20);
   if (name_size == 0 || name_size > 4096)
@@ -71,13 +70,12 @@ Result<KvmStatsSchema> ReadKvmStatsSchema(int fd, const std::string& origin) {
   KvmStatsSchema s;
   s.data_offset = data_offset;
   std::string id(name_size, '\0');
-  if (auto st = PreadAll(fd, id.data(), id.size(), id_offset, origin, "the id string"); !st)
-    return std::unexpected(st.error());
+  EXITSCOPE_RETURN_IF_ERROR(PreadAll(fd, id.data(), id.size(), id_offset, origin, "the id string"));
   s.id = std::string(id.c_str());
   std::vector<uint8_t> buf(stride * num_desc);
   if (!buf.empty())
-    if (auto st = PreadAll(fd, buf.data(), buf.size(), desc_offset, origin, "the descriptors"); !st)
-      return std::unexpected(st.error());
+    EXITSCOPE_RETURN_IF_ERROR(
+        PreadAll(fd, buf.data(), buf.size(), desc_offset, origin, "the descriptors"));
   s.descs.reserve(num_desc);
   for (uint32_t i = 0; i < num_desc; ++i) {
     const uint8_t* p = buf.data() + i * stride;
@@ -109,10 +107,8 @@ Result<std::vector<KvmStatValue>> ReadKvmStats(int fd, const KvmStatsSchema& sch
                                                const std::string& origin) {
   std::vector<uint64_t> data((schema.data_size + 7) / 8);
   if (!data.empty())
-    if (auto st = PreadAll(fd, data.data(), data.size() * 8, schema.data_offset, origin,
-                           "the data block");
-        !st)
-      return std::unexpected(st.error());
+    EXITSCOPE_RETURN_IF_ERROR(
+        PreadAll(fd, data.data(), data.size() * 8, schema.data_offset, origin, "the data block"));
   std::vector<KvmStatValue> out;
   out.reserve(schema.descs.size());
   for (const KvmStatDesc& d : schema.descs) {

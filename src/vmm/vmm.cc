@@ -38,7 +38,7 @@ Result<std::shared_ptr<const RegisterMap>> DebugExitMap() {
        {"MARKER", 4, 4, RegAccess::kWrite, 1, 0, false, "marker, recorded as a note"},
        {"FAULT", 8, 4, RegAccess::kWrite, 1, 0, false, "exception vector from a CPL0 stub"},
        {"INFO", 12, 4, RegAccess::kRead, 1, 0, false, "magic 0x45534447"}});
-  if (!m) return std::unexpected(m.error());
+  if (!m) return Propagate(m);
   return std::make_shared<const RegisterMap>(std::move(*m));
 }
 
@@ -87,17 +87,17 @@ void Vmm::Log(std::string_view line) {
 
 Result<std::unique_ptr<Vmm>> Vmm::Create(VmmConfig config) {
   auto vmm = std::unique_ptr<Vmm>(new Vmm(std::move(config)));
-  if (auto st = vmm->Setup(); !st) return std::unexpected(st.error());
+  EXITSCOPE_RETURN_IF_ERROR(vmm->Setup());
   return vmm;
 }
 
 Status Vmm::RegisterDevices(AddressSpace& space) {
   auto uart_map = RegisterMap::Builtin("uart16550");
-  if (!uart_map) return std::unexpected(uart_map.error());
+  if (!uart_map) return Propagate(uart_map);
   auto nvme_map = RegisterMap::Builtin("nvme");
-  if (!nvme_map) return std::unexpected(nvme_map.error());
+  if (!nvme_map) return Propagate(nvme_map);
   auto debug_map = DebugExitMap();
-  if (!debug_map) return std::unexpected(debug_map.error());
+  if (!debug_map) return Propagate(debug_map);
   auto uart = space.AddDevice({.name = "uart0", .kind = "uart16550", .id = 0});
   auto debug = space.AddDevice({.name = "debug0", .kind = "debug-exit", .id = 0});
   auto nvme = space.AddDevice({.name = "nvme0", .kind = "nvme", .id = 0});
@@ -125,13 +125,13 @@ Status Vmm::Setup() {
   if (cfg_.slow_ms == 0) return Fail(ErrorCode::kInvalidArgument, "--slow must be at least 1 ms");
   // Guest image.
   auto path = FindGuestImage(cfg_.guest);
-  if (!path) return std::unexpected(path.error());
+  if (!path) return Propagate(path);
   image_path_ = *path;
   auto image = ReadGuestImage(image_path_);
-  if (!image) return std::unexpected(image.error());
+  if (!image) return Propagate(image);
   // Memory, tables, image.
   auto mem = GuestMemory::Create(std::max<uint64_t>(cfg_.mem_bytes, ES_MIN_MEM_SIZE));
-  if (!mem) return std::unexpected(mem.error());
+  if (!mem) return Propagate(mem);
   mem_ = std::move(*mem);
   const x86::PortRange ports[] = {{ES_UART_PORT, 8}, {ES_DEBUG_PORT, 16}};
   if (auto st = x86::BuildTables(mem_, cfg_.vcpus, ports); !st) return st;
@@ -184,7 +184,7 @@ Status Vmm::Setup() {
     ro.watchdog.io_age_ns = cfg_.io_age_ms * 1'000'000;
     ro.start_watchdog = true;
     auto rec = Recorder::Create(ro);
-    if (!rec) return std::unexpected(rec.error());
+    if (!rec) return Propagate(rec);
     recorder_ = std::move(*rec);
     if (cfg_.log) recorder_->SetLogSink(cfg_.log);
     if (auto s = RegisterDevices(recorder_->address_space()); !s) return s;
@@ -199,7 +199,7 @@ Status Vmm::Setup() {
   }
   // Fault injection.
   auto delays = ExitDelayInjector::Bind(cfg_.injects, bus_);
-  if (!delays) return std::unexpected(delays.error());
+  if (!delays) return Propagate(delays);
   delays_ = std::move(*delays);
   NvmeBlock::Options bo;
   bo.fd = disk_fd_;
@@ -315,28 +315,26 @@ void Vmm::SampleKvmStats(VmmResult* result) {
 
 Result<VmmResult> Vmm::Run() {
   auto kvm = KvmSystem::Open(cfg_.kvm_path);
-  if (!kvm) return std::unexpected(kvm.error());
+  if (!kvm) return Propagate(kvm);
   kvm_ = std::move(*kvm);
   auto vm = KvmVm::Create(*kvm_);
-  if (!vm) return std::unexpected(vm.error());
+  if (!vm) return Propagate(vm);
   vm_ = std::move(*vm);
-  if (auto st = vm_->SetMemory(0, 0, mem_.size(), mem_.host()); !st)
-    return std::unexpected(st.error());
+  EXITSCOPE_RETURN_IF_ERROR(vm_->SetMemory(0, 0, mem_.size(), mem_.host()));
   VmmResult result;
   stats_fds_.assign(cfg_.vcpus, -1);
   for (uint32_t i = 0; i < cfg_.vcpus; ++i) {
     auto v = vm_->CreateVcpu(i);
-    if (!v) return std::unexpected(v.error());
+    if (!v) return Propagate(v);
     KvmVcpu& vcpu = **v;
     if (auto st = vcpu.SetCpuid(kvm_->supported_cpuid()); !st && i == 0)
       Log("exitscope run: " + st.error().message + "; running with KVM's default CPUID");
     auto sregs = vcpu.GetSregs();
-    if (!sregs) return std::unexpected(sregs.error());
+    if (!sregs) return Propagate(sregs);
     x86::SetUser64Sregs(i, &*sregs);
-    if (auto st = vcpu.SetSregs(*sregs); !st) return std::unexpected(st.error());
-    if (auto st = vcpu.SetRegs(x86::User64Regs(ES_GUEST_LOAD_ADDR, i, cfg_.vcpus, cfg_.guest_arg));
-        !st)
-      return std::unexpected(st.error());
+    EXITSCOPE_RETURN_IF_ERROR(vcpu.SetSregs(*sregs));
+    EXITSCOPE_RETURN_IF_ERROR(
+        vcpu.SetRegs(x86::User64Regs(ES_GUEST_LOAD_ADDR, i, cfg_.vcpus, cfg_.guest_arg)));
     if (auto fd = vcpu.StatsFd())
       stats_fds_[i] = *fd;
     else

@@ -159,7 +159,7 @@ TEST_F(KvmDatRoundTrip, TruncatedAnywhereIsReportedWithOffset) {
       KvmPairer p({}, nullptr);
       s = (*dat)->ReadAll(&p);
     } else {
-      s = std::unexpected(dat.error());
+      s = Unexpected(dat.error());
     }
     ASSERT_FALSE(s.has_value()) << "cut at " << at;
     EXPECT_EQ(s.error().code, ErrorCode::kCorrupt) << at;

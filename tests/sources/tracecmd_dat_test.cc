@@ -274,7 +274,7 @@ TEST_F(CorruptDatTest, TruncatedAnywhereIsAnErrorNamingFileAndOffset) {
       KvmPairer p({}, nullptr);
       s = (*dat)->ReadAll(&p);
     } else {
-      s = std::unexpected(dat.error());
+      s = Unexpected(dat.error());
     }
     ASSERT_FALSE(s.has_value()) << "cut at " << cut;
     EXPECT_EQ(s.error().code, ErrorCode::kCorrupt) << cut;
@@ -311,7 +311,7 @@ TEST_F(CorruptDatTest, CorruptCpuDataIsRefused) {
     KvmPairer p({}, nullptr);
     s = (*dat)->ReadAll(&p);
   } else {
-    s = std::unexpected(dat.error());
+    s = Unexpected(dat.error());
   }
   ASSERT_FALSE(s.has_value());
   EXPECT_NE(s.error().message.find(path), std::string::npos);

@@ -14,7 +14,8 @@ TARGETS=("$@")
 BUILD=${FUZZ_BUILD:-build-fuzz}
 OUT=${FUZZ_OUT:-$BUILD/afl}
 FINDINGS=${FUZZ_FINDINGS:-fuzz-findings}
-MAX_SEED=262144  # afl-fuzz wants small seeds: text is cut at a line, binary files skipped
+MAX_SEED=262144  # afl-fuzz wants small seeds: larger binary files are skipped,
+MAX_TEXT_SEED=32768  # and text is cut at a line (each exec reads the whole input)
 
 if ! command -v afl-g++ >/dev/null || ! command -v afl-fuzz >/dev/null; then
   echo "fuzz: afl-g++/afl-fuzz not found: apt-get install afl++" >&2
@@ -47,7 +48,7 @@ for t in "${TARGETS[@]}"; do
       if [[ $(stat -c %s "$f") -le $MAX_SEED ]]; then
         cp "$f" "$dst"
       elif [[ $t == trace_text || $t == regmap || $t == device_map ]]; then
-        head -c $MAX_SEED "$f" | sed '$d' >"$dst"
+        head -c $MAX_TEXT_SEED "$f" | sed '$d' >"$dst"
       fi
     done
   done < <(grep -v '^#' fuzz/seeds.txt)

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "exitscope/exit_record.h"
+#include "exitscope/export.h"
 #include "exitscope/register_map.h"
 #include "exitscope/status.h"
 
@@ -82,7 +83,7 @@ struct AddressTable {
 };
 }  // namespace internal
 
-class AddressSpace {
+class EXITSCOPE_EXPORT AddressSpace {
  public:
   AddressSpace();
   ~AddressSpace();

@@ -24,6 +24,8 @@
 #include <x86intrin.h>
 #endif
 
+#include "exitscope/export.h"
+
 namespace exitscope {
 
 enum class ClockSource : uint8_t {
@@ -53,7 +55,7 @@ struct ClockCalibration {
 };
 
 // Cheap to copy; Now() is inline and lock-free. Thread-safe (immutable after Create).
-class Clock {
+class EXITSCOPE_EXPORT Clock {
  public:
   // A CLOCK_MONOTONIC clock (no calibration needed).
   Clock() = default;
@@ -115,6 +117,6 @@ class Clock {
 };
 
 // "22.31 s", "1.25 ms", "830 ns": the human duration used in log lines.
-std::string FormatDurationNs(uint64_t ns);
+EXITSCOPE_EXPORT std::string FormatDurationNs(uint64_t ns);
 
 }  // namespace exitscope

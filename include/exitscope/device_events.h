@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "exitscope/exit_record.h"
+#include "exitscope/export.h"
 
 namespace exitscope {
 
@@ -67,7 +68,7 @@ struct DeviceEventCounters {
   uint64_t skipped = 0;      // torn / overwritten while a snapshot copied them
 };
 
-class DeviceEventRing {
+class EXITSCOPE_EXPORT DeviceEventRing {
  public:
   explicit DeviceEventRing(uint64_t capacity);  // rounded up to a power of two
   DeviceEventRing(const DeviceEventRing&) = delete;

@@ -36,6 +36,7 @@
 #include "exitscope/clock.h"
 #include "exitscope/device_events.h"
 #include "exitscope/exit_record.h"
+#include "exitscope/export.h"
 #include "exitscope/flight_recorder.h"
 #include "exitscope/register_map.h"
 #include "exitscope/status.h"
@@ -121,7 +122,7 @@ struct RecorderCounters {
   uint64_t io_in_flight = 0;
 };
 
-struct Dump {
+struct EXITSCOPE_EXPORT Dump {
   uint32_t version = kDumpVersion;
   bool includes_guest_data = false;
   uint64_t monotonic_ns = 0;  // when the snapshot was taken
@@ -161,16 +162,17 @@ struct Dump {
 };
 
 // Serialises a Dump into the file format; `opts.include_guest_data` false drops values.
-std::string SerializeDump(const Dump& dump, const DumpOptions& opts = {});
+EXITSCOPE_EXPORT std::string SerializeDump(const Dump& dump, const DumpOptions& opts = {});
 // Parses and validates bytes; `origin` names the input in messages.
-Result<Dump> ParseDump(std::string_view bytes, std::string_view origin = "dump");
+EXITSCOPE_EXPORT Result<Dump> ParseDump(std::string_view bytes, std::string_view origin = "dump");
 // Writes `dump` to `path` atomically: a new temporary file in the same directory (O_EXCL,
 // never through a symlink), fsync, rename over `path`. Refuses (kInvalidArgument) when `path`
 // exists and is not a regular file (a device node, FIFO, directory or symlink): a dump never
 // replaces anything else. kIo with errno on failure; the previous file is then untouched.
-Status WriteDumpFile(const Dump& dump, const std::string& path, const DumpOptions& opts = {});
+EXITSCOPE_EXPORT Status WriteDumpFile(const Dump& dump, const std::string& path,
+                                      const DumpOptions& opts = {});
 // Reads and validates a dump file.
-Result<Dump> ReadDump(const std::string& path);
+EXITSCOPE_EXPORT Result<Dump> ReadDump(const std::string& path);
 
 // Which space an exit kind resolves in (kPio for kPio, kMmio otherwise).
 inline IoSpace SpaceOf(ExitKind k) noexcept {

@@ -29,11 +29,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#if defined(__GNUC__)
-#define ES_EXPORT __attribute__((visibility("default")))
-#else
-#define ES_EXPORT
-#endif
+#include "exitscope/export.h"
+
+/* The library is built with hidden visibility; ES_EXPORT marks each C API function. */
+#define ES_EXPORT EXITSCOPE_EXPORT
 
 #ifdef __cplusplus
 extern "C" {

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "exitscope/exit_record.h"
+#include "exitscope/export.h"
 #include "exitscope/status.h"
 
 namespace exitscope {
@@ -42,7 +43,7 @@ struct RingCounters {
   uint64_t skipped = 0;
 };
 
-class ExitRing {
+class EXITSCOPE_EXPORT ExitRing {
  public:
   // `capacity` is rounded up to a power of two (minimum 2).
   explicit ExitRing(uint64_t capacity);
@@ -102,7 +103,7 @@ class ExitRing {
 };
 
 // One ExitRing per vCPU, created up front.
-class FlightRecorder {
+class EXITSCOPE_EXPORT FlightRecorder {
  public:
   FlightRecorder(uint32_t num_vcpus, uint64_t events_per_vcpu);
 

@@ -46,6 +46,7 @@
 #include "exitscope/device_events.h"
 #include "exitscope/dump.h"
 #include "exitscope/exit_record.h"
+#include "exitscope/export.h"
 #include "exitscope/flight_recorder.h"
 #include "exitscope/status.h"
 #include "exitscope/watchdog.h"
@@ -104,7 +105,7 @@ struct alignas(64) VcpuSlot {
 };
 }  // namespace internal
 
-class Recorder {
+class EXITSCOPE_EXPORT Recorder {
  public:
   // Validates options, allocates every ring, calibrates the clock, starts the watchdog if
   // asked. kInvalidArgument names the bad option.

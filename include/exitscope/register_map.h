@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "exitscope/exit_record.h"
+#include "exitscope/export.h"
 #include "exitscope/status.h"
 
 namespace exitscope {
@@ -70,7 +71,7 @@ struct RegisterHit {
   bool found() const noexcept { return reg != kNoRegister; }
 };
 
-class RegisterMap {
+class EXITSCOPE_EXPORT RegisterMap {
  public:
   // Validates and indexes `defs` (any order). Errors name the offending registers.
   static Result<RegisterMap> Create(std::string name, std::vector<RegisterDef> defs);
@@ -167,6 +168,7 @@ class RegisterMap {
 };
 
 // Formats a register name for a hit in `map` (nullptr map -> ""). Shared by live and dumps.
-std::string FormatRegister(const RegisterMap* map, const RegisterHit& hit, uint32_t size);
+EXITSCOPE_EXPORT std::string FormatRegister(const RegisterMap* map, const RegisterHit& hit,
+                                            uint32_t size);
 
 }  // namespace exitscope

@@ -22,10 +22,11 @@
 #include <memory>
 
 #include "exitscope/exit_record.h"
+#include "exitscope/export.h"
 
 namespace exitscope {
 
-class UnassignedAccessLog {
+class EXITSCOPE_EXPORT UnassignedAccessLog {
  public:
   static constexpr int kProbe = 8;  // slots looked at per access (the constant cost)
   // `capacity` distinct addresses per space, rounded up to a power of two (at least kProbe).

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "exitscope/exit_record.h"
+#include "exitscope/export.h"
 
 namespace exitscope {
 
@@ -68,7 +69,7 @@ using FindingHook = std::function<void(const FindingRecord&)>;
 // watchdog. Insert probes a window of kProbe slots from the hash of (device, io_id) and claims
 // the first free one; when the window is full the I/O is not tracked and `overflow` counts it.
 // Complete clears the matching slot; a completion without a tracked submit counts `untracked`.
-class InflightIoTable {
+class EXITSCOPE_EXPORT InflightIoTable {
  public:
   static constexpr int kProbe = 16;
   explicit InflightIoTable(uint32_t capacity);  // rounded up to a power of two, >= kProbe

@@ -320,16 +320,16 @@ class CollectingSink : public EventSink {
 Result<JointView> BuildJointViewFromTrace(const Dump& dump, const std::string& dump_path,
                                           const std::string& trace_path, const JointOptions& opts) {
   auto devices = sources::KvmDeviceMap::LoadDump(dump_path);
-  if (!devices) return std::unexpected(devices.error());
+  if (!devices) return Propagate(devices);
   // The dump's TSC frequency: never this host's (the trace's ticks are the dump host's).
   sources::KvmInputOptions iopts;
   iopts.tsc_khz = dump.clock.tsc_hz ? (dump.clock.tsc_hz + 500) / 1000 : 1;
   auto in = sources::KvmInput::Open(trace_path, iopts);
-  if (!in) return std::unexpected(in.error());
+  if (!in) return Propagate(in);
   CollectingSink sink;
   // Identity clock: start_ns / duration_ns stay in the trace's ticks.
   sources::KvmPairer pairer({.devices = devices->get()}, &sink);
-  if (Status s = (*in)->ReadAll(&pairer); !s) return std::unexpected(s.error());
+  if (Status s = (*in)->ReadAll(&pairer); !s) return Propagate(s);
   // ReadAll ends with pairer.Finish(): exits left open are emitted as kOpenAtEnd.
   auto view = BuildJointView(dump, sink.events, (*in)->clock(), opts);
   if (!view) {

@@ -139,7 +139,7 @@ nlohmann::json UnmatchedJson(const std::vector<JointUnmatched>& u) {
 Result<std::string> RenderJointViewOfFiles(const Dump& dump, const JointRenderOptions& o,
                                            bool json) {
   auto v = analysis::BuildJointViewFromTrace(dump, o.dump, o.trace);
-  if (!v) return std::unexpected(v.error());
+  if (!v) return Propagate(v);
   return json ? RenderJointJson(*v, o) : RenderJointTable(*v, o);
 }
 

@@ -67,6 +67,14 @@ Result<KvmStatsSchema> ReadKvmStatsSchema(int fd, const std::string& origin) {
                 origin + ": " + std::to_string(num_desc) + " descriptors of " +
                     std::to_string(stride) + " bytes from offset " + std::to_string(desc_offset) +
                     " overlap the data block at offset " + std::to_string(data_offset));
+  // Bounds before anything is allocated: a real kernel's descriptors take a few KiB and its
+  // data block under 1 KiB (47 vCPU stats on 6.18). Corrupt sizes must not allocate gigabytes.
+  constexpr uint64_t kMaxDescBytes = 16u << 20, kMaxDataBytes = 1u << 20;
+  if (stride * num_desc > kMaxDescBytes)
+    return Fail(ErrorCode::kCorrupt, origin + ": " + std::to_string(num_desc) +
+                                         " descriptors of " + std::to_string(stride) +
+                                         " bytes: more than " + std::to_string(kMaxDescBytes) +
+                                         " bytes of descriptors");
   KvmStatsSchema s;
   s.data_offset = data_offset;
   std::string id(name_size, '\0');
@@ -97,6 +105,12 @@ Result<KvmStatsSchema> ReadKvmStatsSchema(int fd, const std::string& origin) {
                                            out.name + "' at offset " + std::to_string(at) +
                                            " has size " + std::to_string(out.size) +
                                            " and data offset " + std::to_string(out.offset));
+    if (uint64_t{out.offset} + 8ull * out.size > kMaxDataBytes)
+      return Fail(ErrorCode::kCorrupt, origin + ": descriptor " + std::to_string(i) + " '" +
+                                           out.name + "' at offset " + std::to_string(at) +
+                                           " has data at offset " + std::to_string(out.offset) +
+                                           ": beyond the " + std::to_string(kMaxDataBytes) +
+                                           "-byte bound of a stats data block");
     s.data_size = std::max<uint64_t>(s.data_size, uint64_t{out.offset} + 8ull * out.size);
     s.descs.push_back(std::move(out));
   }

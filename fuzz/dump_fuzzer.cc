@@ -33,8 +33,12 @@ uint64_t Get64(const std::string& b, size_t at) {
   std::memcpy(&v, b.data() + at, sizeof v);
   return v;
 }
-void Put32(std::string& b, size_t at, uint32_t v) { std::memcpy(b.data() + at, &v, sizeof v); }
-void Put64(std::string& b, size_t at, uint64_t v) { std::memcpy(b.data() + at, &v, sizeof v); }
+void Put32(std::string& b, size_t at, uint32_t v) {
+  std::memcpy(b.data() + at, &v, sizeof v);
+}
+void Put64(std::string& b, size_t at, uint64_t v) {
+  std::memcpy(b.data() + at, &v, sizeof v);
+}
 uint32_t Crc(const std::string& b, size_t at, size_t len) {
   return static_cast<uint32_t>(
       crc32(0, reinterpret_cast<const Bytef*>(b.data() + at), static_cast<uInt>(len)));

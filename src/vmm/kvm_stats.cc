@@ -71,10 +71,9 @@ Result<KvmStatsSchema> ReadKvmStatsSchema(int fd, const std::string& origin) {
   // data block under 1 KiB (47 vCPU stats on 6.18). Corrupt sizes must not allocate gigabytes.
   constexpr uint64_t kMaxDescBytes = 16u << 20, kMaxDataBytes = 1u << 20;
   if (stride * num_desc > kMaxDescBytes)
-    return Fail(ErrorCode::kCorrupt, origin + ": " + std::to_string(num_desc) +
-                                         " descriptors of " + std::to_string(stride) +
-                                         " bytes: more than " + std::to_string(kMaxDescBytes) +
-                                         " bytes of descriptors");
+    return Fail(ErrorCode::kCorrupt, origin + ": " + std::to_string(num_desc) + " descriptors of " +
+                                         std::to_string(stride) + " bytes: more than " +
+                                         std::to_string(kMaxDescBytes) + " bytes of descriptors");
   KvmStatsSchema s;
   s.data_offset = data_offset;
   std::string id(name_size, '\0');

@@ -82,6 +82,7 @@ class EXITSCOPE_EXPORT ExitRing {
 
   // Copies at most the `max` newest records (oldest first). Same guarantees as Snapshot.
   uint64_t SnapshotNewest(uint64_t max, std::vector<ExitRecord>* out) const;
+  uint64_t ReadFrom(uint64_t* next, std::vector<ExitRecord>* out) const;  // ring_read.cc
 
   RingCounters counters() const noexcept;
   uint64_t capacity() const noexcept { return mask_ + 1; }

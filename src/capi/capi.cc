@@ -10,10 +10,15 @@
 #include <string>
 #include <type_traits>
 
+#include "exitscope/metrics.h"
 #include "exitscope/recorder.h"
 
 struct es_recorder {
   std::unique_ptr<exitscope::Recorder> rec;
+};
+
+struct es_metrics {
+  std::unique_ptr<exitscope::MetricsExporter> exporter;
 };
 
 namespace {
@@ -431,6 +436,33 @@ es_status es_check_dump(const char* path) {
     auto d = exitscope::ReadDump(path);
     return d ? ES_OK : FromError(d.error());
   });
+}
+
+es_status es_serve_metrics(const es_recorder* rec, const char* listen, es_metrics** out) {
+  if (rec == nullptr || out == nullptr)
+    return SetError(ES_EINVAL, "es_serve_metrics: NULL argument");
+  *out = nullptr;
+  return Guard([&]() -> es_status {
+    exitscope::MetricsOptions o;
+    if (listen != nullptr) o.listen = listen;
+    auto e = exitscope::MetricsExporter::Start(*rec->rec, o);
+    if (!e) return FromError(e.error());
+    auto handle = std::make_unique<es_metrics>();
+    handle->exporter = std::move(*e);
+    *out = handle.release();
+    return ES_OK;
+  });
+}
+
+uint16_t es_metrics_port(const es_metrics* metrics) {
+  return metrics == nullptr ? 0 : metrics->exporter->port();
+}
+
+void es_metrics_stop(es_metrics* metrics) {
+  try {
+    delete metrics;
+  } catch (...) {
+  }
 }
 
 }  // extern "C"

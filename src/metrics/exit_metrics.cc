@@ -1,0 +1,168 @@
+#include "metrics/exit_metrics.h"
+
+#include <sstream>
+
+#include "prometheus/text_serializer.h"
+
+namespace exitscope::metrics {
+namespace {
+
+constexpr char kSep = '\x1f';
+
+void Join(std::string* key, std::initializer_list<std::string_view> parts) {
+  key->clear();
+  for (std::string_view p : parts) {
+    key->append(p);
+    key->push_back(kSep);
+  }
+}
+
+// Buckets + _sum + _count.
+uint64_t HistogramSeries() {
+  return DurationBuckets().size() + 1 + 2;
+}
+
+}  // namespace
+
+const std::vector<double>& DurationBuckets() {
+  static const std::vector<double> b = [] {
+    std::vector<double> v;
+    double decade = 1e-7;
+    for (int d = 0; d < 9; ++d, decade *= 10) {
+      for (double m : {1.0, 2.5, 5.0}) v.push_back(m * decade);
+    }
+    v.push_back(100.0);
+    return v;
+  }();
+  return b;
+}
+
+ExitMetrics::ExitMetrics(uint32_t max_registers_per_device)
+    : max_regs_(max_registers_per_device), registry_(std::make_shared<prometheus::Registry>()) {
+  exit_duration_ = &prometheus::BuildHistogram()
+                        .Name("exitscope_exit_duration_seconds")
+                        .Help(
+                            "Time from a VM exit to the vCPU's next entry (as timed by the "
+                            "recorder or the kernel trace), by vm, vcpu, kind, device, register")
+                        .Register(*registry_);
+  slow_ = &prometheus::BuildCounter()
+               .Name("exitscope_slow_exits_total")
+               .Help("Exits that reached the slow-exit threshold")
+               .Register(*registry_);
+  stuck_ = &prometheus::BuildCounter()
+                .Name("exitscope_stuck_vcpu_total")
+                .Help("Times the watchdog found a vCPU stuck inside one exit")
+                .Register(*registry_);
+  in_exit_ = &prometheus::BuildGauge()
+                  .Name("exitscope_vcpu_exit_in_progress_seconds")
+                  .Help("How long the vCPU has been inside its current exit (0: in the guest)")
+                  .Register(*registry_);
+  io_latency_ = &prometheus::BuildHistogram()
+                     .Name("exitscope_io_latency_seconds")
+                     .Help("Device I/O latency, from submit to complete")
+                     .Register(*registry_);
+  io_in_flight_ = &prometheus::BuildGauge()
+                       .Name("exitscope_io_in_flight")
+                       .Help("I/Os submitted and not yet completed")
+                       .Register(*registry_);
+  io_oldest_ = &prometheus::BuildGauge()
+                    .Name("exitscope_io_oldest_in_flight_seconds")
+                    .Help("Age of the oldest I/O in flight (0: none)")
+                    .Register(*registry_);
+  aged_io_ = &prometheus::BuildCounter()
+                  .Name("exitscope_aged_io_total")
+                  .Help("I/Os the watchdog found in flight past its age threshold")
+                  .Register(*registry_);
+  lost_ = &prometheus::BuildCounter()
+               .Name("exitscope_lost_records_total")
+               .Help(
+                   "Records lost or not seen, by source (exits, device_events, findings, "
+                   "kernel_trace) and reason")
+               .Register(*registry_);
+}
+
+std::string_view ExitMetrics::BoundRegister(std::string_view vm, std::string_view device,
+                                            std::string_view reg) {
+  if (reg.empty()) return {};
+  Join(&key_, {vm, device});
+  auto dev = regs_.find(key_);
+  if (dev == regs_.end())
+    dev = regs_.emplace(key_, std::map<std::string, std::string, std::less<>>{}).first;
+  auto& names = dev->second;
+  if (auto it = names.find(reg); it != names.end()) return it->second;
+  if (names.size() >= max_regs_) return kOtherRegisterLabel;
+  return names.emplace(std::string(reg), std::string(reg)).first->second;
+}
+
+ExitMetrics::ExitSeries& ExitMetrics::Exit(std::string_view vm, uint32_t vcpu,
+                                           std::string_view kind, std::string_view device,
+                                           std::string_view reg) {
+  const std::string_view bounded = BoundRegister(vm, device, reg);
+  const std::string cpu = std::to_string(vcpu);
+  Join(&key_, {vm, cpu, kind, device, bounded});
+  if (auto it = exits_.find(key_); it != exits_.end()) return it->second;
+  const prometheus::Labels labels{{"vm", std::string(vm)},
+                                  {"vcpu", cpu},
+                                  {"kind", std::string(kind)},
+                                  {"device", std::string(device)},
+                                  {"register", std::string(bounded)}};
+  ExitSeries s;
+  s.duration = &exit_duration_->Add(labels, DurationBuckets());
+  s.slow = &slow_->Add(labels);
+  series_ += HistogramSeries() + 1;
+  return exits_.emplace(key_, s).first->second;
+}
+
+prometheus::Counter& ExitMetrics::Stuck(std::string_view vm, uint32_t vcpu) {
+  const std::string cpu = std::to_string(vcpu);
+  Join(&key_, {vm, cpu});
+  if (auto it = stuck_series_.find(key_); it != stuck_series_.end()) return *it->second;
+  ++series_;
+  prometheus::Counter* c = &stuck_->Add({{"vm", std::string(vm)}, {"vcpu", cpu}});
+  return *stuck_series_.emplace(key_, c).first->second;
+}
+
+prometheus::Gauge& ExitMetrics::InExit(std::string_view vm, uint32_t vcpu) {
+  const std::string cpu = std::to_string(vcpu);
+  Join(&key_, {vm, cpu});
+  if (auto it = in_exit_series_.find(key_); it != in_exit_series_.end()) return *it->second;
+  ++series_;
+  prometheus::Gauge* g = &in_exit_->Add({{"vm", std::string(vm)}, {"vcpu", cpu}});
+  return *in_exit_series_.emplace(key_, g).first->second;
+}
+
+ExitMetrics::IoSeries& ExitMetrics::Io(std::string_view vm, std::string_view device) {
+  Join(&key_, {vm, device});
+  if (auto it = io_series_.find(key_); it != io_series_.end()) return it->second;
+  const prometheus::Labels labels{{"vm", std::string(vm)}, {"device", std::string(device)}};
+  IoSeries s;
+  s.latency = &io_latency_->Add(labels, DurationBuckets());
+  s.in_flight = &io_in_flight_->Add(labels);
+  s.oldest = &io_oldest_->Add(labels);
+  s.aged = &aged_io_->Add(labels);
+  series_ += HistogramSeries() + 3;
+  return io_series_.emplace(key_, s).first->second;
+}
+
+prometheus::Counter& ExitMetrics::Lost(std::string_view vm, std::string_view source,
+                                       std::string_view reason) {
+  Join(&key_, {vm, source, reason});
+  if (auto it = lost_series_.find(key_); it != lost_series_.end()) return *it->second;
+  ++series_;
+  prometheus::Counter* c = &lost_->Add(
+      {{"vm", std::string(vm)}, {"source", std::string(source)}, {"reason", std::string(reason)}});
+  return *lost_series_.emplace(key_, c).first->second;
+}
+
+void ExitMetrics::Mirror(prometheus::Counter& c, uint64_t value, uint64_t* last) {
+  if (value > *last) c.Increment(static_cast<double>(value - *last));
+  if (value > *last) *last = value;
+}
+
+std::string ExitMetrics::Render() const {
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, registry_->Collect());
+  return out.str();
+}
+
+}  // namespace exitscope::metrics

@@ -2,16 +2,13 @@
 #include "exitscope/address_space.h"
 
 #include <algorithm>
-#include <sstream>
+
+#include "recorder/text.h"
 
 namespace exitscope {
 namespace {
 
-std::string Hex(uint64_t v) {
-  std::ostringstream o;
-  o << "0x" << std::hex << v;
-  return o.str();
-}
+using internal::Hex;
 
 bool ValidDeviceName(std::string_view n) {
   if (n.empty() || n.size() > 63) return false;

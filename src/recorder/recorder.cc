@@ -1,90 +1,27 @@
-// Recorder: creation, slow paths, device events, watchdog thread, metadata, snapshots and the
-// dump-on-signal thread.
+// Recorder: creation, slow paths, device events, metadata and snapshots. The watchdog thread is
+// in watchdog.cc, dump on signal in dump_signal.cc; their shared state is recorder_impl.h.
 #include "exitscope/recorder.h"
 
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/eventfd.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
-#include <condition_variable>
-#include <cstdio>
 #include <cstring>
-#include <deque>
 #include <map>
-#include <thread>
 
 #include "recorder/describe.h"
+#include "recorder/recorder_impl.h"
 
 namespace exitscope {
 
-struct Recorder::Impl {
-  Impl(const RecorderOptions& o)
-      : options(o),
-        device_events(o.device_events),
-        inflight(o.inflight_ios),
-        vcpu_counters(o.num_vcpus) {}
-
-  RecorderOptions options;
-  DeviceEventRing device_events;
-  InflightIoTable inflight;
-
-  mutable std::mutex mu;  // everything below that is not atomic
-  std::deque<FindingRecord> findings;
-  uint64_t findings_dropped = 0;
-  SlowExitHook slow_hook;
-  bool slow_log = true;
-  LogSink sink;
-  FindingHook finding_hook;
-  std::map<std::string, std::string> attributes;
-  std::vector<std::map<std::string, uint64_t>> vcpu_counters;
-
-  std::atomic<uint64_t> bad_vcpu{0};
-  std::atomic<uint64_t> end_without_begin{0};
-  std::atomic<uint64_t> begin_without_end{0};
-  std::atomic<uint64_t> slow_exits{0};
-
-  // Watchdog.
-  std::mutex wd_mu;
-  std::condition_variable wd_cv;
-  std::thread wd_thread;
-  bool wd_stop = false;
-  WatchdogOptions wd_options;
-  std::atomic<bool> wd_running{false};
-
-  // Dump on signal.
-  std::mutex sig_mu;
-  int sig_efd = -1;
-  int sig_signo = 0;
-  struct sigaction sig_old {};
-  std::thread sig_thread;
-  std::atomic<bool> sig_stop{false};
-  std::string sig_dir;
-  DumpOptions sig_options;
-  std::string last_signal_dump;  // under mu
-  uint64_t signal_dumps = 0;
-};
+using internal::ClaimStallEnd;
+using internal::ExitDescription;
+using internal::ExitFinding;
+using internal::ReadCurrent;
+using internal::StallEndLine;
 
 namespace {
-
-std::atomic<int> g_dump_efd{-1};
-
-void DumpSignalHandler(int) {
-  const int saved = errno;
-  const int fd = g_dump_efd.load(std::memory_order_relaxed);
-  if (fd >= 0) {
-    const uint64_t one = 1;
-    ssize_t n = write(fd, &one, sizeof one);
-    (void)n;
-  }
-  errno = saved;
-}
 
 uint64_t RealtimeNs() {
   timespec ts;
@@ -181,18 +118,20 @@ void Names(const Recorder& rec, const ExitRecord& r, std::string* device, std::s
   }
 }
 
-// "exit MMIO write 4B to nvme0.SQ1TDBL (0xfebf1008)" for a resolved record.
+std::string ExitLinePrefix(const Recorder& rec, const ExitRecord& r) {
+  return "vCPU " + std::to_string(r.vcpu) + ": " + ExitDescription(rec, r);
+}
+
+}  // namespace
+
+namespace internal {
+
 std::string ExitDescription(const Recorder& rec, const ExitRecord& r) {
   std::string device, reg;
   Names(rec, r, &device, &reg);
   return internal::DescribeExit(r.kind, r.dir, r.size, r.addr, device, reg);
 }
 
-std::string ExitLinePrefix(const Recorder& rec, const ExitRecord& r) {
-  return "vCPU " + std::to_string(r.vcpu) + ": " + ExitDescription(rec, r);
-}
-
-// A finding about the (resolved) exit `r`, without its text.
 FindingRecord ExitFinding(const ExitRecord& r, FindingType type, uint64_t now_ns,
                           uint64_t duration_ns) {
   FindingRecord f;
@@ -210,22 +149,25 @@ FindingRecord ExitFinding(const ExitRecord& r, FindingType type, uint64_t now_ns
   f.reg_delta = r.reg_delta;
   return f;
 }
-}  // namespace
 
-void Recorder::Resolve(ExitRecord* r) const noexcept {
-  if ((r->flags & kExitFlagUnresolved) == 0) return;
-  const Resolution res = space_.LookupAt(r->device, SpaceOf(r->kind), r->addr, r->size, r->dir);
-  r->device = res.device;
-  r->reg = res.reg.reg;
-  r->reg_element = res.reg.element;
-  r->reg_delta = res.reg.delta;
-  r->flags &= static_cast<uint8_t>(~kExitFlagUnresolved);
+bool ReadCurrent(const VcpuSlot& v, ExitRecord* out, uint64_t* exit_no) {
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    const uint64_t s1 = v.seq.load(std::memory_order_acquire);
+    if ((s1 & 1) != 0) continue;
+    uint64_t w[internal::VcpuSlot::kWords];
+    for (int i = 0; i < internal::VcpuSlot::kWords; ++i)
+      w[i] = v.cur[i].load(std::memory_order_relaxed);
+    const uint64_t no = v.exit_no.load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (v.seq.load(std::memory_order_relaxed) != s1) continue;
+    std::memcpy(out, w, sizeof *out);
+    *exit_no = no;
+    return out->start_ticks != 0;
+  }
+  return false;
 }
 
-namespace {
-// Claims the right to emit the end finding of stall `exit_no` (one end per stall, whoever sees
-// the end first: the vCPU's slow path or the watchdog). Claims only grow.
-bool ClaimStallEnd(internal::VcpuSlot& v, uint64_t exit_no) noexcept {
+bool ClaimStallEnd(VcpuSlot& v, uint64_t exit_no) noexcept {
   uint64_t seen = v.end_claimed.load(std::memory_order_relaxed);
   while (seen < exit_no) {
     if (v.end_claimed.compare_exchange_weak(seen, exit_no, std::memory_order_acq_rel)) return true;
@@ -236,7 +178,17 @@ bool ClaimStallEnd(internal::VcpuSlot& v, uint64_t exit_no) noexcept {
 std::string StallEndLine(const std::string& prefix, uint64_t ns) {
   return prefix + " ended after " + FormatDurationNs(ns) + " (was stuck)";
 }
-}  // namespace
+}  // namespace internal
+
+void Recorder::Resolve(ExitRecord* r) const noexcept {
+  if ((r->flags & kExitFlagUnresolved) == 0) return;
+  const Resolution res = space_.LookupAt(r->device, SpaceOf(r->kind), r->addr, r->size, r->dir);
+  r->device = res.device;
+  r->reg = res.reg.reg;
+  r->reg_element = res.reg.element;
+  r->reg_delta = res.reg.delta;
+  r->flags &= static_cast<uint8_t>(~kExitFlagUnresolved);
+}
 
 void Recorder::SlowPath(const ExitRecord& unresolved, uint64_t stalled_exit_no) noexcept {
   ExitRecord r = unresolved;
@@ -429,194 +381,6 @@ std::vector<FindingRecord> Recorder::Findings() const {
   return {impl_->findings.begin(), impl_->findings.end()};
 }
 
-// ---- Watchdog ----------------------------------------------------------------------------
-
-namespace {
-// Reads the in-progress exit of a vCPU slot under its seqlock. False when none or when the
-// slot kept changing.
-bool ReadCurrent(const internal::VcpuSlot& v, ExitRecord* out, uint64_t* exit_no) {
-  for (int attempt = 0; attempt < 8; ++attempt) {
-    const uint64_t s1 = v.seq.load(std::memory_order_acquire);
-    if ((s1 & 1) != 0) continue;
-    uint64_t w[internal::VcpuSlot::kWords];
-    for (int i = 0; i < internal::VcpuSlot::kWords; ++i)
-      w[i] = v.cur[i].load(std::memory_order_relaxed);
-    const uint64_t no = v.exit_no.load(std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (v.seq.load(std::memory_order_relaxed) != s1) continue;
-    std::memcpy(out, w, sizeof *out);
-    *exit_no = no;
-    return out->start_ticks != 0;
-  }
-  return false;
-}
-}  // namespace
-
-class Watchdog {
- public:
-  static void Run(Recorder* rec) {
-    Recorder::Impl& im = *rec->impl_;
-    WatchdogOptions o;
-    {
-      std::lock_guard<std::mutex> lock(im.wd_mu);
-      o = im.wd_options;
-    }
-    uint64_t poll = o.poll_ns;
-    if (poll == 0) poll = std::min<uint64_t>(10'000'000, o.stuck_exit_ns / 4);
-    poll = std::max<uint64_t>(poll, 1'000'000);
-    const uint64_t stuck_ticks = rec->clock_.NsToTicks(o.stuck_exit_ns);
-    const uint64_t io_ticks = rec->clock_.NsToTicks(o.io_age_ns);
-    std::vector<Stall> stalls(rec->num_vcpus_);
-    std::vector<InflightIoTable::Entry> aged;
-    std::unique_lock<std::mutex> lock(im.wd_mu);
-    while (!im.wd_stop) {
-      im.wd_cv.wait_for(lock, std::chrono::nanoseconds(poll));
-      if (im.wd_stop) break;
-      lock.unlock();
-      Poll(rec, stuck_ticks, io_ticks, &stalls, &aged);
-      lock.lock();
-    }
-    lock.unlock();
-    // Stalls that ended since the last poll still get their end finding.
-    for (uint32_t v = 0; v < rec->num_vcpus_; ++v) EndStall(rec, v, &stalls[v]);
-  }
-
- private:
-  // The exit a vCPU was reported stuck in, until its end finding is out.
-  struct Stall {
-    uint64_t exit_no = 0;  // 0: none pending
-    ExitRecord record;     // resolved, as reported
-    uint64_t seen_ns = 0;  // how long it had been inside when reported
-  };
-
-  // If the stalled exit has ended and the vCPU did not claim its end finding (it ended before
-  // it could see the stall flag), emits the end finding here, with the duration from the ring.
-  static void EndStall(Recorder* rec, uint32_t v, Stall* stall) {
-    if (stall->exit_no == 0) return;
-    internal::VcpuSlot& slot = rec->slots_[v];
-    ExitRecord cur;
-    uint64_t no = 0;
-    if (ReadCurrent(slot, &cur, &no) && no == stall->exit_no) return;  // still inside
-    if (slot.exit_no.load(std::memory_order_relaxed) == stall->exit_no &&
-        slot.cur[0].load(std::memory_order_relaxed) != 0) {
-      return;  // the seqlock was busy: look again next poll
-    }
-    if (slot.end_claimed.load(std::memory_order_acquire) >= stall->exit_no) {
-      stall->exit_no = 0;  // the vCPU emitted it
-      return;
-    }
-    // The vCPU clears its slot just before it appends the record: find the record first.
-    const ExitRecord& r = stall->record;
-    uint64_t ticks = 0;
-    bool found = false, newer = false;
-    std::vector<ExitRecord> recent;  // rare (the vCPU missed the flag): the whole ring
-    rec->rings_.ring(v).Snapshot(&recent);
-    for (auto it = recent.rbegin(); it != recent.rend() && !found; ++it) {
-      found = it->start_ticks == r.start_ticks;
-      if (found) ticks = it->duration_ticks;
-      newer = newer || it->start_ticks > r.start_ticks;
-    }
-    if (!found && !newer) return;  // not appended yet: look again next poll
-    const uint64_t exit_no = stall->exit_no;
-    stall->exit_no = 0;
-    if (!ClaimStallEnd(slot, exit_no)) return;  // the vCPU emitted it
-    // Overwritten before the watchdog saw the end: the total is at least what it saw.
-    const uint64_t ns = found ? rec->clock_.TicksToNs(ticks) : stall->seen_ns;
-    FindingRecord f = ExitFinding(r, FindingType::kStuckExitEnd, Clock::MonotonicNs(), ns);
-    f.vcpu = v;
-    const std::string prefix = "vCPU " + std::to_string(v) + ": " + ExitDescription(*rec, r);
-    f.text = found ? StallEndLine(prefix, ns)
-                   : prefix + " ended after at least " + FormatDurationNs(ns) +
-                         " (was stuck; its record was overwritten before the end was seen)";
-    rec->AddFinding(std::move(f), true);
-  }
-
-  static void Poll(Recorder* rec, uint64_t stuck_ticks, uint64_t io_ticks,
-                   std::vector<Stall>* stalls, std::vector<InflightIoTable::Entry>* aged) {
-    const Clock& clock = rec->clock_;
-    for (uint32_t v = 0; v < rec->num_vcpus_; ++v) {
-      internal::VcpuSlot& slot = rec->slots_[v];
-      Stall& stall = (*stalls)[v];
-      EndStall(rec, v, &stall);
-      // The clock is read before the slot: an exit seen in progress after `now` ends after it,
-      // so the time reported "so far" never exceeds the exit's total.
-      const uint64_t now = clock.Now();
-      ExitRecord r;
-      uint64_t no = 0;
-      if (!ReadCurrent(slot, &r, &no)) continue;
-      if (no == stall.exit_no || no <= slot.stalled.load(std::memory_order_relaxed)) continue;
-      const uint64_t elapsed = now > r.start_ticks ? now - r.start_ticks : 0;
-      if (elapsed < stuck_ticks) continue;
-      rec->Resolve(&r);
-      FindingRecord f = ExitFinding(r, FindingType::kStuckExitBegin, Clock::MonotonicNs(),
-                                    clock.TicksToNs(elapsed));
-      f.vcpu = v;
-      f.text = "vCPU " + std::to_string(v) + ": stuck in " + ExitDescription(*rec, r) + " for " +
-               FormatDurationNs(f.duration_ns) + " (still inside)";
-      // The flag first (a snapshot taken once the finding is out shows the exit stalled),
-      // then the finding, then `begin_reported`: the vCPU emits the end only after that; if it
-      // ends earlier, or before it can see the flag, the next poll's EndStall emits the end.
-      stall.seen_ns = f.duration_ns;
-      stall.exit_no = no;
-      stall.record = r;
-      slot.stalled.store(no, std::memory_order_release);
-      rec->AddFinding(std::move(f), true);
-      slot.begin_reported.store(no, std::memory_order_release);
-    }
-    if (io_ticks == 0) return;
-    const uint64_t now = clock.Now();
-    if (now <= io_ticks) return;
-    aged->clear();
-    rec->impl_->inflight.CollectAged(now - io_ticks, aged);
-    for (const InflightIoTable::Entry& e : *aged) {
-      FindingRecord f;
-      f.time_ns = Clock::MonotonicNs();
-      f.type = FindingType::kAgedIo;
-      f.device = e.device;
-      f.io_id = e.io_id;
-      f.duration_ns = clock.TicksToNs(now > e.start_ticks ? now - e.start_ticks : 0);
-      std::string dev = rec->address_space().DeviceName(e.device);
-      if (dev.empty()) dev = "device " + std::to_string(e.device);
-      f.text = "I/O " + std::to_string(e.io_id) + " on " + dev + " in flight for " +
-               FormatDurationNs(f.duration_ns) + " (not completed)";
-      rec->AddFinding(std::move(f));
-    }
-  }
-};
-
-Status Recorder::StartWatchdog(const WatchdogOptions& options) {
-  if (options.stuck_exit_ns == 0) {
-    return Fail(ErrorCode::kInvalidArgument, "watchdog stuck_exit_ns must be > 0");
-  }
-  StopWatchdog();
-  {
-    std::lock_guard<std::mutex> lock(impl_->wd_mu);
-    impl_->wd_options = options;
-    impl_->wd_stop = false;
-  }
-  try {
-    impl_->wd_thread = std::thread(&Watchdog::Run, this);
-  } catch (const std::system_error& e) {
-    return Fail(ErrorCode::kInternal, std::string("cannot start the watchdog thread: ") + e.what());
-  }
-  impl_->wd_running.store(true);
-  return {};
-}
-
-void Recorder::StopWatchdog() {
-  {
-    std::lock_guard<std::mutex> lock(impl_->wd_mu);
-    impl_->wd_stop = true;
-  }
-  impl_->wd_cv.notify_all();
-  if (impl_->wd_thread.joinable()) impl_->wd_thread.join();
-  impl_->wd_running.store(false);
-}
-
-bool Recorder::watchdog_running() const noexcept {
-  return impl_->wd_running.load();
-}
-
 // ---- Snapshot ----------------------------------------------------------------------------
 
 Dump Recorder::Snapshot(const DumpOptions& options) const {
@@ -722,167 +486,6 @@ Dump Recorder::Snapshot(const DumpOptions& options) const {
 
 Status Recorder::WriteDump(const std::string& path, const DumpOptions& options) const {
   return WriteDumpFile(Snapshot(options), path, options);
-}
-
-// ---- Dump on signal ----------------------------------------------------------------------
-//
-// The handler writes to one process-wide eventfd that is never closed (so a late signal can
-// never write into a recycled descriptor). The owning recorder's thread polls that eventfd
-// and its own stop eventfd.
-
-namespace {
-std::mutex g_sig_mu;
-const Recorder* g_sig_owner = nullptr;  // under g_sig_mu
-
-int GlobalDumpEventFd() {
-  static const int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  return fd;
-}
-}  // namespace
-
-class DumpSignalThread {
- public:
-  static void Run(Recorder* rec, int stop_fd) {
-    Recorder::Impl& im = *rec->impl_;
-    const int efd = GlobalDumpEventFd();
-    for (;;) {
-      pollfd fds[2] = {{efd, POLLIN, 0}, {stop_fd, POLLIN, 0}};
-      const int n = poll(fds, 2, -1);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) {
-        rec->Log("exitscope: dump signal thread: poll failed: " +
-                 std::string(std::strerror(errno)));
-        return;
-      }
-      if (im.sig_stop.load() || (fds[1].revents & POLLIN) != 0) return;
-      uint64_t count = 0;
-      if (read(efd, &count, sizeof count) != static_cast<ssize_t>(sizeof count)) continue;
-      WriteOne(rec);
-    }
-  }
-
- private:
-  static void WriteOne(Recorder* rec) {
-    Recorder::Impl& im = *rec->impl_;
-    std::string dir;
-    DumpOptions opts;
-    uint64_t seq;
-    {
-      std::lock_guard<std::mutex> lock(im.sig_mu);
-      dir = im.sig_dir;
-      opts = im.sig_options;
-    }
-    {
-      std::lock_guard<std::mutex> lock(im.mu);
-      seq = ++im.signal_dumps;
-    }
-    std::string comm = internal::ReadProcessInfo().comm;
-    for (char& c : comm) {
-      const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                      c == '_' || c == '-';
-      if (!ok) c = '_';
-    }
-    if (comm.empty()) comm = "vmm";
-    const time_t t = time(nullptr);
-    struct tm tmv;
-    gmtime_r(&t, &tmv);
-    char stamp[32];
-    strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%S", &tmv);
-    const std::string path = dir + "/exitscope-" + comm + "-" + std::to_string(getpid()) + "-" +
-                             stamp + "-" + std::to_string(seq) + ".esdump";
-    Status s = rec->WriteDump(path, opts);
-    if (s) {
-      {
-        std::lock_guard<std::mutex> lock(im.mu);
-        im.last_signal_dump = path;
-      }
-      rec->Log("exitscope: wrote dump " + path);
-    } else {
-      rec->Log("exitscope: dump on signal failed: " + s.error().message);
-    }
-  }
-};
-
-Status Recorder::InstallDumpSignal(int signo, std::string directory, DumpOptions options) {
-  if (signo <= 0 || signo >= NSIG || signo == SIGKILL || signo == SIGSTOP) {
-    return Fail(ErrorCode::kInvalidArgument,
-                "signal " + std::to_string(signo) + " cannot be used to request dumps");
-  }
-  // Synchronous fault signals: the kernel raises them on the faulting instruction, and a
-  // handler that returns re-executes it (a loop, or a lost crash). Never ours to take.
-  if (signo == SIGSEGV || signo == SIGBUS || signo == SIGFPE || signo == SIGILL ||
-      signo == SIGTRAP || signo == SIGSYS || signo == SIGABRT) {
-    return Fail(ErrorCode::kInvalidArgument,
-                "signal " + std::to_string(signo) + " (" + strsignal(signo) +
-                    ") is a synchronous fault signal; use e.g. SIGUSR1 to request dumps");
-  }
-  struct stat st;
-  if (stat(directory.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    return Fail(ErrorCode::kInvalidArgument, directory + ": not a directory");
-  }
-  if (GlobalDumpEventFd() < 0) {
-    return Fail(ErrorCode::kIo, std::string("eventfd: ") + std::strerror(errno));
-  }
-  RemoveDumpSignal();
-  std::lock_guard<std::mutex> glock(g_sig_mu);
-  if (g_sig_owner != nullptr && g_sig_owner != this) {
-    return Fail(ErrorCode::kAlreadyExists,
-                "another recorder in this process already owns the dump signal");
-  }
-  Impl& im = *impl_;
-  std::lock_guard<std::mutex> lock(im.sig_mu);
-  const int stop_fd = eventfd(0, EFD_CLOEXEC);
-  if (stop_fd < 0) return Fail(ErrorCode::kIo, std::string("eventfd: ") + std::strerror(errno));
-  im.sig_efd = stop_fd;
-  im.sig_dir = std::move(directory);
-  im.sig_options = options;
-  im.sig_stop.store(false);
-  try {
-    im.sig_thread = std::thread(&DumpSignalThread::Run, this, stop_fd);
-  } catch (const std::system_error& e) {
-    close(stop_fd);
-    im.sig_efd = -1;
-    return Fail(ErrorCode::kInternal, std::string("cannot start the dump thread: ") + e.what());
-  }
-  g_dump_efd.store(GlobalDumpEventFd());
-  struct sigaction sa {};
-  sa.sa_handler = &DumpSignalHandler;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;
-  if (sigaction(signo, &sa, &im.sig_old) != 0) {
-    const int err = errno;
-    im.sig_stop.store(true);
-    const uint64_t one = 1;
-    (void)!write(stop_fd, &one, sizeof one);
-    im.sig_thread.join();
-    close(stop_fd);
-    im.sig_efd = -1;
-    return Fail(ErrorCode::kIo, "sigaction(" + std::to_string(signo) + "): " + std::strerror(err));
-  }
-  im.sig_signo = signo;
-  g_sig_owner = this;
-  return {};
-}
-
-void Recorder::RemoveDumpSignal() {
-  std::lock_guard<std::mutex> glock(g_sig_mu);
-  Impl& im = *impl_;
-  std::lock_guard<std::mutex> lock(im.sig_mu);
-  if (im.sig_efd < 0) return;
-  sigaction(im.sig_signo, &im.sig_old, nullptr);
-  if (g_sig_owner == this) g_sig_owner = nullptr;
-  im.sig_stop.store(true);
-  const uint64_t one = 1;
-  (void)!write(im.sig_efd, &one, sizeof one);
-  if (im.sig_thread.joinable()) im.sig_thread.join();
-  close(im.sig_efd);
-  im.sig_efd = -1;
-  im.sig_signo = 0;
-}
-
-std::string Recorder::last_signal_dump() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->last_signal_dump;
 }
 
 }  // namespace exitscope

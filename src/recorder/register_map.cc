@@ -15,9 +15,12 @@
 #include <sstream>
 
 #include "recorder/builtin_maps.h"
+#include "recorder/text.h"
 
 namespace exitscope {
 namespace {
+
+using internal::Hex;
 
 constexpr uint64_t kMaxOffset = 1ull << 48;
 
@@ -33,12 +36,6 @@ bool ValidName(std::string_view n, bool array) {
                                             std::count(n.begin(), n.end(), '}'));
   if (array) return p != std::string_view::npos && braces == 2;
   return braces == 0;
-}
-
-std::string Hex(uint64_t v) {
-  std::ostringstream o;
-  o << "0x" << std::hex << v;
-  return o.str();
 }
 
 // Does some element of `a` share a byte with some element of `b`?

@@ -1,0 +1,322 @@
+// Dump writer: SerializeDump (the binary format of docs/dump-format.md: header, section table,
+// sections, CRC32 per section) and WriteDumpFile (atomic replace of a regular file).
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <unordered_map>
+
+#include "exitscope/dump.h"
+#include "recorder/dump_format.h"
+
+namespace exitscope {
+
+using namespace internal;  // dump_format.h
+
+namespace {
+
+// Little-endian appender.
+class Writer {
+ public:
+  void U8(uint8_t v) { buf_.push_back(static_cast<char>(v)); }
+  void U16(uint16_t v) { Le(v, 2); }
+  void U32(uint32_t v) { Le(v, 4); }
+  void U64(uint64_t v) { Le(v, 8); }
+  void I64(int64_t v) { Le(static_cast<uint64_t>(v), 8); }
+  void F64(double v) {
+    uint64_t u;
+    std::memcpy(&u, &v, 8);
+    U64(u);
+  }
+  std::string& buf() { return buf_; }
+
+ private:
+  void Le(uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) buf_.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  }
+  std::string buf_;
+};
+
+class Strings {
+ public:
+  void Ref(Writer& w, std::string_view s) {
+    auto it = index_.find(std::string(s));
+    uint32_t off;
+    if (it == index_.end()) {
+      off = static_cast<uint32_t>(data_.size());
+      data_.append(s);
+      index_.emplace(std::string(s), off);
+    } else {
+      off = it->second;
+    }
+    w.U32(off);
+    w.U32(static_cast<uint32_t>(s.size()));
+  }
+  const std::string& data() const { return data_; }
+
+ private:
+  std::string data_;
+  std::unordered_map<std::string, uint32_t> index_;
+};
+
+void PutExit(Writer& w, const DumpExit& e, bool guest_data) {
+  w.U64(e.start_ns);
+  w.U64(e.duration_ns);
+  w.U64(e.addr);
+  w.U64(guest_data ? e.value : 0);
+  w.U32(e.vcpu);
+  w.U32(e.device);
+  w.U32(e.reg);
+  w.U32(e.reg_element);
+  w.U32(e.reg_delta);
+  w.U8(static_cast<uint8_t>(e.kind));
+  w.U8(e.size);
+  w.U8(static_cast<uint8_t>(e.dir));
+  w.U8(guest_data ? e.flags : static_cast<uint8_t>(e.flags & ~kExitFlagValue));
+}
+
+}  // namespace
+
+std::string SerializeDump(const Dump& d, const DumpOptions& opts) {
+  const bool guest = opts.include_guest_data && d.includes_guest_data;
+  Strings strings;
+  Writer sec[kSectionCount + 1];
+
+  {  // meta
+    Writer& w = sec[kMeta];
+    w.U64(d.monotonic_ns);
+    w.U64(d.realtime_ns);
+    w.U8(static_cast<uint8_t>(d.clock.source));
+    w.U8(d.clock.tsc_invariant ? 1 : 0);
+    w.U8(d.clock.tsc_known_freq ? 1 : 0);
+    w.U8(0);
+    w.F64(d.clock.ns_per_tick);
+    w.U64(d.clock.tsc_hz);
+    w.U64(d.clock.base_ticks);
+    w.U64(d.clock.base_ns);
+    w.U64(d.slow_exit_threshold_ns);
+    w.U64(d.watchdog.stuck_exit_ns);
+    w.U64(d.watchdog.io_age_ns);
+    w.U64(d.watchdog.poll_ns);
+    w.U8(d.watchdog_running ? 1 : 0);
+    w.I64(d.process.pid);
+    strings.Ref(w, d.process.comm);
+    w.U32(static_cast<uint32_t>(d.process.argv.size()));
+    for (const std::string& a : d.process.argv) strings.Ref(w, a);
+    w.U64(d.process.start_realtime_ns);
+    for (const std::string* s : {&d.host.sysname, &d.host.nodename, &d.host.release,
+                                 &d.host.version, &d.host.machine, &d.host.cpu_model}) {
+      strings.Ref(w, *s);
+    }
+    w.U32(d.host.cpus);
+    const RecorderCounters& c = d.counters;
+    for (uint64_t v :
+         {c.bad_vcpu, c.end_without_begin, c.begin_without_end, c.slow_exits, c.findings_dropped,
+          c.io_inflight_overflow, c.io_untracked_completions, c.io_in_flight}) {
+      w.U64(v);
+    }
+    const DeviceEventCounters& e = d.device_event_counters;
+    for (uint64_t v : {e.capacity, e.written, e.overwritten, e.dropped, e.skipped}) w.U64(v);
+    w.U32(static_cast<uint32_t>(d.attributes.size()));
+    for (const auto& [k, v] : d.attributes) {
+      strings.Ref(w, k);
+      strings.Ref(w, v);
+    }
+  }
+  {
+    Writer& w = sec[kDevices];
+    w.U32(static_cast<uint32_t>(d.devices.size()));
+    for (const DeviceInfo& dev : d.devices) {
+      w.U32(dev.index);
+      w.U64(dev.id);
+      strings.Ref(w, dev.name);
+      strings.Ref(w, dev.kind);
+    }
+  }
+  {
+    Writer& w = sec[kMaps];
+    w.U32(static_cast<uint32_t>(d.maps.size()));
+    for (const RegisterMap& m : d.maps) {
+      strings.Ref(w, m.name());
+      w.U32(static_cast<uint32_t>(m.registers().size()));
+      for (const RegisterDef& r : m.registers()) {
+        strings.Ref(w, r.name);
+        w.U64(r.offset);
+        w.U32(r.width);
+        w.U8(static_cast<uint8_t>(r.access));
+        w.U8(r.alias ? 1 : 0);
+        w.U16(0);
+        w.U32(r.count);
+        w.U64(r.stride);
+        strings.Ref(w, r.description);
+      }
+    }
+  }
+  {
+    Writer& w = sec[kRanges];
+    w.U32(static_cast<uint32_t>(d.ranges.size()));
+    for (const DumpRange& r : d.ranges) {
+      w.U8(static_cast<uint8_t>(r.space));
+      w.U8(0);
+      w.U16(0);
+      w.U32(r.device);
+      w.U64(r.base);
+      w.U64(r.size);
+      w.U32(r.map);
+    }
+  }
+  {
+    Writer& v = sec[kVcpus];
+    Writer& x = sec[kExits];
+    uint64_t total = 0;
+    for (const DumpVcpu& c : d.vcpus) total += c.exits.size();
+    x.U64(total);
+    v.U32(static_cast<uint32_t>(d.vcpus.size()));
+    for (const DumpVcpu& c : d.vcpus) {
+      v.U32(c.vcpu);
+      v.U64(c.counters.capacity);
+      v.U64(c.counters.written);
+      v.U64(c.counters.overwritten);
+      v.U64(c.counters.skipped);
+      v.U64(c.exits.size());
+      v.U8(c.in_progress ? 1 : 0);
+      if (c.in_progress) PutExit(v, *c.in_progress, guest);
+      v.U32(static_cast<uint32_t>(c.named_counters.size()));
+      for (const auto& [name, value] : c.named_counters) {
+        strings.Ref(v, name);
+        v.U64(value);
+      }
+      for (const DumpExit& e : c.exits) PutExit(x, e, guest);
+    }
+  }
+  {
+    Writer& w = sec[kDeviceEvents];
+    w.U32(static_cast<uint32_t>(d.device_events.size()));
+    for (const DumpDeviceEvent& e : d.device_events) {
+      w.U64(e.time_ns);
+      w.U8(static_cast<uint8_t>(e.type));
+      w.U8(e.note_truncated ? 1 : 0);
+      w.U16(0);
+      w.U32(e.device);
+      w.U64(e.io_id);
+      w.I64(e.status);
+      strings.Ref(w, e.note);
+    }
+  }
+  {
+    Writer& w = sec[kFindings];
+    w.U32(static_cast<uint32_t>(d.findings.size()));
+    for (const FindingRecord& f : d.findings) {
+      w.U64(f.time_ns);
+      w.U8(static_cast<uint8_t>(f.type));
+      w.U8(static_cast<uint8_t>(f.kind));
+      w.U8(static_cast<uint8_t>(f.dir));
+      w.U8(f.size);
+      w.U32(f.vcpu);
+      w.U64(f.duration_ns);
+      w.U64(f.addr);
+      w.U32(f.device);
+      w.U32(f.reg);
+      w.U32(f.reg_element);
+      w.U32(f.reg_delta);
+      w.U64(f.io_id);
+      strings.Ref(w, f.text);
+    }
+  }
+  sec[kStrings].buf() = strings.data();
+
+  // Layout: header, section table, sections in id order.
+  Writer out;
+  uint64_t offset = kHeaderSize + kSectionCount * kSectionEntrySize;
+  Writer table;
+  for (uint32_t id = 1; id <= kSectionCount; ++id) {
+    const std::string& b = sec[id].buf();
+    table.U32(id);
+    table.U32(0);
+    table.U64(offset);
+    table.U64(b.size());
+    table.U32(Crc32(b));
+    table.U32(0);
+    offset += b.size();
+  }
+  out.buf().append(kDumpMagic, 8);
+  out.U32(kDumpVersion);
+  out.U32(kHeaderSize);
+  out.U32(guest ? kFlagGuestData : 0);
+  out.U32(kSectionCount);
+  out.U64(offset);  // file size
+  out.U32(Crc32(table.buf()));
+  out.U32(0);  // header crc, patched below
+  out.buf().resize(kHeaderSize, '\0');
+  const uint32_t hcrc = Crc32(out.buf());
+  for (int i = 0; i < 4; ++i) out.buf()[36 + i] = static_cast<char>((hcrc >> (8 * i)) & 0xff);
+  out.buf() += table.buf();
+  for (uint32_t id = 1; id <= kSectionCount; ++id) out.buf() += sec[id].buf();
+  return std::move(out.buf());
+}
+
+Status WriteDumpFile(const Dump& dump, const std::string& path, const DumpOptions& opts) {
+  // Never replace anything but a regular file: not a device node (/dev/null, /dev/full), FIFO,
+  // socket, directory, nor a symlink (lstat does not follow it; rename would replace the link).
+  struct stat st;
+  if (lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    const char* what = S_ISLNK(st.st_mode)    ? "a symlink"
+                       : S_ISCHR(st.st_mode)  ? "a character device"
+                       : S_ISBLK(st.st_mode)  ? "a block device"
+                       : S_ISDIR(st.st_mode)  ? "a directory"
+                       : S_ISFIFO(st.st_mode) ? "a FIFO"
+                                              : "not a regular file";
+    return Fail(ErrorCode::kInvalidArgument,
+                path + ": exists and is " + what + "; a dump only replaces a regular file");
+  }
+  const std::string bytes = SerializeDump(dump, opts);
+  // The temporary file is new (O_EXCL) and opened without following a symlink planted at its
+  // name; it lives beside `path` so that rename() is atomic.
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0640);
+  if (fd < 0 && errno == EEXIST) {
+    // Left behind by a killed writer with our pid: remove it only if it is a regular file.
+    if (lstat(tmp.c_str(), &st) == 0 && S_ISREG(st.st_mode) && unlink(tmp.c_str()) == 0) {
+      fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0640);
+    } else {
+      errno = EEXIST;
+    }
+  }
+  if (fd < 0) return Fail(ErrorCode::kIo, path + ": cannot create: " + std::strerror(errno));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n == 0 ? ENOSPC : errno;
+      close(fd);
+      unlink(tmp.c_str());
+      return Fail(ErrorCode::kIo, path + ": write failed: " + std::strerror(err));
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (fsync(fd) != 0 && errno != EINVAL) {
+    const int err = errno;
+    close(fd);
+    unlink(tmp.c_str());
+    return Fail(ErrorCode::kIo, path + ": fsync failed: " + std::strerror(err));
+  }
+  close(fd);
+  // Checked again just before the rename: the path may have changed since the first check.
+  if (lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    unlink(tmp.c_str());
+    return Fail(ErrorCode::kInvalidArgument,
+                path + ": exists and is not a regular file; a dump only replaces a regular file");
+  }
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    unlink(tmp.c_str());
+    return Fail(ErrorCode::kIo, path + ": rename failed: " + std::strerror(err));
+  }
+  return {};
+}
+
+}  // namespace exitscope

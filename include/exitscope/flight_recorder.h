@@ -82,6 +82,37 @@ class EXITSCOPE_EXPORT ExitRing {
 
   // Copies at most the `max` newest records (oldest first). Same guarantees as Snapshot.
   uint64_t SnapshotNewest(uint64_t max, std::vector<ExitRecord>* out) const;
+
+  // What one snapshot saw. `written` is the head it copied up to (records ever written at that
+  // instant), `copied` the records it returned, `skipped` those it wanted but found torn or
+  // overwritten while copying. With max == 0 (everything held):
+  // written == copied + skipped + (written - capacity, when positive: the overwritten ones).
+  struct SnapshotStats {
+    uint64_t written = 0;
+    uint64_t copied = 0;
+    uint64_t skipped = 0;
+  };
+
+  // Snapshot for bulk readers (Recorder::Snapshot, dumps): the same records as
+  // SnapshotNewest(max, ...), copied `chunk_len` at a time into the caller's `chunk` (small
+  // enough to stay in cache), with consume(const ExitRecord* records, size_t n) called after
+  // each chunk that holds any (n <= chunk_len). No allocation. Adds `skipped` to skipped().
+  template <typename Consume>
+  SnapshotStats SnapshotChunked(uint64_t max, ExitRecord* chunk, size_t chunk_len,
+                                Consume&& consume) const {
+    SnapshotStats st;
+    st.written = head_.load(std::memory_order_acquire);
+    for (uint64_t n = FirstWanted(st.written, max); n < st.written;) {
+      const uint64_t end = st.written - n > chunk_len ? n + chunk_len : st.written;
+      const uint64_t got = CopyRange(n, end, chunk);
+      st.copied += got;
+      st.skipped += (end - n) - got;
+      if (got != 0) consume(static_cast<const ExitRecord*>(chunk), static_cast<size_t>(got));
+      n = end;
+    }
+    if (st.skipped != 0) skipped_.fetch_add(st.skipped, std::memory_order_relaxed);
+    return st;
+  }
   uint64_t ReadFrom(uint64_t* next, std::vector<ExitRecord>* out) const;  // ring_read.cc
 
   RingCounters counters() const noexcept;
@@ -90,6 +121,16 @@ class EXITSCOPE_EXPORT ExitRing {
 
  private:
   static constexpr int kWords = sizeof(ExitRecord) / sizeof(uint64_t);
+  // Index of the oldest record a snapshot at `head` wants (the `max` newest; 0 = all held).
+  uint64_t FirstWanted(uint64_t head, uint64_t max) const noexcept {
+    const uint64_t cap = mask_ + 1;
+    uint64_t first = head > cap ? head - cap : 0;
+    if (max != 0 && head - first > max) first = head - max;
+    return first;
+  }
+  // Copies the records with indices [from, to) that are intact (seqlock) into out[0, ...),
+  // oldest first; returns how many. Does not touch skipped_.
+  uint64_t CopyRange(uint64_t from, uint64_t to, ExitRecord* out) const noexcept;
   struct alignas(64) Slot {
     std::atomic<uint64_t> seq{0};
     std::atomic<uint64_t> words[kWords];

@@ -44,7 +44,9 @@
 
 namespace exitscope {
 
-inline constexpr uint32_t kDumpVersion = 1;  // the newest version this code writes and reads
+// The newest version this code writes; it reads every version from 1 up to it. Version 2 added
+// DumpExit::map to each exit record (docs/dump-format.md).
+inline constexpr uint32_t kDumpVersion = 2;
 inline constexpr uint64_t kMaxDumpFileBytes = 4ull << 30;  // ReadDump refuses larger files
 inline constexpr char kDumpMagic[8] = {'E', 'X', 'S', 'C', 'D', 'U', 'M', 'P'};
 
@@ -61,13 +63,19 @@ struct DumpExit {
   uint64_t value = 0;  // 0 unless flags & kExitFlagValue
   uint32_t vcpu = 0;
   uint32_t device = kUnassigned;  // index into Dump::devices
-  uint32_t reg = kNoRegister;     // index into the register map of the range containing addr
+  uint32_t reg = kNoRegister;     // index into the register map `map`
   uint32_t reg_element = 0;
   uint32_t reg_delta = 0;
   ExitKind kind = ExitKind::kUnknown;
   uint8_t size = 0;
   AccessDir dir = AccessDir::kNone;
   uint8_t flags = 0;  // ExitFlags
+  // Index into Dump::maps of the register map this exit was resolved in: that of its range in
+  // the address-space generation the exit used, so a range moved or removed later (a guest
+  // reprogramming a PCI BAR) still names the exits taken before. kNoRegister when the range
+  // has no map, the exit is not MMIO/PIO, or the dump is version 1 (then RegisterName falls
+  // back to the ranges at snapshot time).
+  uint32_t map = kNoRegister;
 };
 
 struct DumpVcpu {
@@ -149,12 +157,18 @@ struct EXITSCOPE_EXPORT Dump {
 
   // Name of device `index`: "nvme0"; "" for kUnassigned; "#7" if out of range.
   std::string DeviceName(uint32_t index) const;
-  // Register name of an exit ("SQ1TDBL", "CC+2"), "" when none.
+  // Register name of an exit ("SQ1TDBL", "CC+2"), "" when none: from the map the exit was
+  // resolved in (DumpExit::map), so it survives a range moved after the exit; for a version-1
+  // dump, from the range holding the address at snapshot time.
   std::string RegisterName(const DumpExit& e) const;
+  // Register name from the range holding `addr` at snapshot time (findings, version-1 exits).
   std::string RegisterName(uint32_t device, uint64_t addr, IoSpace space, uint32_t reg,
                            uint32_t element, uint32_t delta, uint32_t size) const;
-  // The map of the range holding `addr` in `space`, or nullptr.
+  // The map of the range holding `addr` in `space` at snapshot time, or nullptr.
   const RegisterMap* MapFor(IoSpace space, uint64_t addr) const;
+  // The map an exit was resolved in (DumpExit::map), else MapFor(its space, its address);
+  // nullptr when none.
+  const RegisterMap* MapFor(const DumpExit& e) const;
   // Value of an attribute, "" when absent.
   std::string Attribute(std::string_view key) const;
   // The one-line description used in logs: "exit MMIO write 4B to nvme0.SQ1TDBL (0xfebf1008)".

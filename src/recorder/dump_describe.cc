@@ -72,9 +72,20 @@ std::string Dump::RegisterName(uint32_t device, uint64_t addr, IoSpace space, ui
   return {};
 }
 
+const RegisterMap* Dump::MapFor(const DumpExit& e) const {
+  if (e.kind != ExitKind::kMmio && e.kind != ExitKind::kPio) return nullptr;
+  if (e.map != kNoRegister) return e.map < maps.size() ? &maps[e.map] : nullptr;
+  return MapFor(SpaceOf(e.kind), e.addr);
+}
+
 std::string Dump::RegisterName(const DumpExit& e) const {
   if (e.kind != ExitKind::kMmio && e.kind != ExitKind::kPio) return {};
-  return RegisterName(e.device, e.addr, SpaceOf(e.kind), e.reg, e.reg_element, e.reg_delta, e.size);
+  if (e.map == kNoRegister) {  // version 1: the range holding the address at snapshot time
+    return RegisterName(e.device, e.addr, SpaceOf(e.kind), e.reg, e.reg_element, e.reg_delta,
+                        e.size);
+  }
+  if (e.reg == kNoRegister || e.device == kUnassigned || e.map >= maps.size()) return {};
+  return maps[e.map].Format(RegisterHit{e.reg, e.reg_element, e.reg_delta}, e.size);
 }
 
 std::string Dump::Attribute(std::string_view key) const {

@@ -11,7 +11,9 @@ namespace exitscope::internal {
 
 constexpr uint32_t kHeaderSize = 64;
 constexpr uint32_t kSectionEntrySize = 32;
-constexpr uint32_t kExitRecordSize = 56;
+// An exit record: 60 bytes since version 2 (u32 map index appended), 56 in version 1.
+constexpr uint32_t kExitRecordSize = 60;
+constexpr uint32_t kExitRecordSizeV1 = 56;
 constexpr uint32_t kFlagGuestData = 1;
 
 enum SectionId : uint32_t {

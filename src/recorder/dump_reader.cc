@@ -99,6 +99,7 @@ struct ReadIssues {
   uint64_t unknown_dir = 0;
   unsigned first_dir = 0;
   uint64_t bad_device = 0;
+  uint64_t bad_map = 0;
   uint64_t stray_guest_data = 0;
   uint64_t vcpu_mismatch = 0;
   uint64_t unknown_finding = 0;
@@ -154,7 +155,7 @@ bool IsUtf8(std::string_view s) {
 
 // Reads one exit record. Only a short read fails it; an unknown kind is kept as its raw
 // value (shown as "kind#N") and an unknown direction becomes kNone, both counted in `issues`.
-bool ReadExit(Reader& r, DumpExit* e, ReadIssues* issues) {
+bool ReadExit(Reader& r, uint32_t version, DumpExit* e, ReadIssues* issues) {
   e->start_ns = r.U64();
   e->duration_ns = r.U64();
   e->addr = r.U64();
@@ -168,6 +169,7 @@ bool ReadExit(Reader& r, DumpExit* e, ReadIssues* issues) {
   e->size = r.U8();
   const uint8_t dir = r.U8();
   e->flags = r.U8();
+  e->map = version >= 2 ? r.U32() : kNoRegister;  // version 1: named from the ranges
   if (!r.ok()) return false;
   if (kind >= kExitKindCount) issues->Kind(kind);
   e->kind = static_cast<ExitKind>(kind);
@@ -428,6 +430,12 @@ Result<Dump> ParseDump(std::string_view bytes, std::string_view origin) {
       ++issues.bad_device;
       e.device = kUnassigned;
       e.reg = kNoRegister;
+      e.map = kNoRegister;
+    }
+    if (e.map != kNoRegister && e.map >= d.maps.size()) {
+      ++issues.bad_map;
+      e.map = kNoRegister;
+      e.reg = kNoRegister;
     }
     if (!d.includes_guest_data && (e.value != 0 || (e.flags & kExitFlagValue) != 0)) {
       ++issues.stray_guest_data;
@@ -443,7 +451,9 @@ Result<Dump> ParseDump(std::string_view bytes, std::string_view origin) {
     Reader v(sections[kVcpus], "vcpus", section_base[kVcpus], origin);
     Reader x(sections[kExits], "exits", section_base[kExits], origin);
     const uint64_t total = x.U64();
-    if (!x.Count(total, kExitRecordSize, "exit")) return x.Fail();
+    if (!x.Count(total, version >= 2 ? kExitRecordSize : kExitRecordSizeV1, "exit")) {
+      return x.Fail();
+    }
     const uint32_t n = v.U32();
     uint64_t consumed = 0;
     if (v.Count(n, 45, "vcpu")) {
@@ -476,7 +486,7 @@ Result<Dump> ParseDump(std::string_view bytes, std::string_view origin) {
         }
         if (has == 1) {
           DumpExit e;
-          if (!ReadExit(v, &e, &issues)) break;
+          if (!ReadExit(v, version, &e, &issues)) break;
           check_exit(e, c.vcpu);
           c.in_progress = e;
         }
@@ -496,7 +506,7 @@ Result<Dump> ParseDump(std::string_view bytes, std::string_view origin) {
         c.exits.reserve(count);
         for (uint64_t k = 0; k < count && x.ok(); ++k) {
           DumpExit e;
-          if (!ReadExit(x, &e, &issues)) break;
+          if (!ReadExit(x, version, &e, &issues)) break;
           check_exit(e, c.vcpu);
           c.exits.push_back(e);
         }
@@ -621,6 +631,10 @@ Result<Dump> ParseDump(std::string_view bytes, std::string_view origin) {
   if (issues.bad_device != 0) {
     d.warnings.push_back(n(issues.bad_device, "record names", "records name") +
                          " a device the dump does not have; shown as unassigned");
+  }
+  if (issues.bad_map != 0) {
+    d.warnings.push_back(n(issues.bad_map, "exit names", "exits name") +
+                         " a register map the dump does not have; shown without a register");
   }
   if (issues.stray_guest_data != 0) {
     d.warnings.push_back(n(issues.stray_guest_data, "exit carries", "exits carry") +

@@ -76,6 +76,7 @@ void PutExit(Writer& w, const DumpExit& e, bool guest_data) {
   w.U8(e.size);
   w.U8(static_cast<uint8_t>(e.dir));
   w.U8(guest_data ? e.flags : static_cast<uint8_t>(e.flags & ~kExitFlagValue));
+  w.U32(e.map);  // since version 2
 }
 
 }  // namespace

@@ -180,14 +180,23 @@ std::string StallEndLine(const std::string& prefix, uint64_t ns) {
 }
 }  // namespace internal
 
-void Recorder::Resolve(ExitRecord* r) const noexcept {
-  if ((r->flags & kExitFlagUnresolved) == 0) return;
-  const Resolution res = space_.LookupAt(r->device, SpaceOf(r->kind), r->addr, r->size, r->dir);
+namespace {
+// Recorder::Resolve, also giving the register map the record was resolved in (nullptr when
+// none, or when `r` was already resolved).
+const RegisterMap* ResolveIn(const AddressSpace& space, ExitRecord* r) noexcept {
+  if ((r->flags & kExitFlagUnresolved) == 0) return nullptr;
+  const Resolution res = space.LookupAt(r->device, SpaceOf(r->kind), r->addr, r->size, r->dir);
   r->device = res.device;
   r->reg = res.reg.reg;
   r->reg_element = res.reg.element;
   r->reg_delta = res.reg.delta;
   r->flags &= static_cast<uint8_t>(~kExitFlagUnresolved);
+  return res.map;
+}
+}  // namespace
+
+void Recorder::Resolve(ExitRecord* r) const noexcept {
+  ResolveIn(space_, r);
 }
 
 void Recorder::SlowPath(const ExitRecord& unresolved, uint64_t stalled_exit_no) noexcept {
@@ -416,9 +425,16 @@ Dump Recorder::Snapshot(const DumpOptions& options) const {
     d.ranges.push_back(dr);
   }
 
+  // An exit names its register through the map of the generation it was resolved in, which a
+  // range moved since no longer has: that map joins d.maps too.
   auto to_dump = [&](ExitRecord r) {
-    Resolve(&r);
+    const RegisterMap* map = ResolveIn(space_, &r);
     DumpExit e;
+    if (map != nullptr) {
+      auto [it, inserted] = map_index.emplace(map, static_cast<uint32_t>(d.maps.size()));
+      if (inserted) d.maps.push_back(*map);
+      e.map = it->second;
+    }
     e.start_ns = clock_.ToMonotonicNs(r.start_ticks);
     e.duration_ns = clock_.TicksToNs(r.duration_ticks);
     e.addr = r.addr;

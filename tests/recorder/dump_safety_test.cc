@@ -191,7 +191,7 @@ TEST(DumpRead, AnUnknownExitKindIsShownAndCountedNotFatal) {
   std::string b = SerializeDump(SmallDump());
   const size_t first = SectionOffset(b, kExits) + 8;  // after the u64 total
   b[first + 52] = 99;                                 // kind of the first exit
-  b[first + 56 + 54] = 7;                             // direction of the second exit
+  b[first + 60 + 54] = 7;  // direction of the second exit (60-byte records since version 2)
   Reseal(b);
   auto d = ParseDump(b, "x.esdump");
   ASSERT_TRUE(d) << d.error().message;
@@ -203,6 +203,22 @@ TEST(DumpRead, AnUnknownExitKindIsShownAndCountedNotFatal) {
   EXPECT_NE(d->warnings[1].find("unknown access direction (first: 7)"), std::string::npos);
   // What it read serialises and reads again.
   EXPECT_TRUE(ParseDump(SerializeDump(*d), "again"));
+}
+
+TEST(DumpRead, AnExitWithAMapTheDumpDoesNotHaveLosesOnlyItsRegister) {
+  std::string b = SerializeDump(SmallDump());
+  const size_t first = SectionOffset(b, kExits) + 8;  // after the u64 total
+  b[first + 56] = 9;                                  // map index of the first exit: 9 of 1
+  Reseal(b);
+  auto d = ParseDump(b, "x.esdump");
+  ASSERT_TRUE(d) << d.error().message;
+  const auto& ex = d->vcpus[0].exits;
+  ASSERT_EQ(ex.size(), 3u);
+  EXPECT_EQ(d->DescribeExit(ex[0]), "exit PIO write 1B to uart0 (port 0x3f8)");
+  EXPECT_EQ(d->DescribeExit(ex[1]), "exit PIO write 1B to uart0.THR (port 0x3f8)");
+  ASSERT_EQ(d->warnings.size(), 1u);
+  EXPECT_EQ(d->warnings[0],
+            "1 exit names a register map the dump does not have; shown without a register");
 }
 
 TEST(DumpSignal, SynchronousFaultSignalsAreRefused) {

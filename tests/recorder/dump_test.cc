@@ -278,6 +278,90 @@ TEST_F(DumpTest, FlippedAndTruncatedBytesNeverCrash) {
   EXPECT_EQ(notdump.error().message, "n: not an exitscope dump (bad magic)");
 }
 
+// A guest moving a PCI BAR (the range removed and re-added at another base) and a range removed
+// for good: every exit keeps the register it touched, in the snapshot and through a file.
+TEST_F(DumpTest, RegisterNamesSurviveAMovedBar) {
+  RecorderOptions o;
+  o.start_watchdog = false;
+  auto rec = std::move(*Recorder::Create(o));
+  AddressSpace& as = rec->address_space();
+  const uint32_t nvme = *as.AddDevice({.name = "nvme0", .kind = "nvme"});
+  const uint32_t com = *as.AddDevice({.name = "com1", .kind = "uart16550"});
+  ASSERT_TRUE(as.AddRange(IoSpace::kMmio, 0xfebf0000, 0x4000, nvme, *RegisterMap::Builtin("nvme")));
+  ASSERT_TRUE(as.AddRange(IoSpace::kPio, 0x3f8, 8, com, *RegisterMap::Builtin("uart16550")));
+  auto exit = [&](ExitKind kind, uint64_t addr, uint8_t size, AccessDir dir) {
+    rec->BeginExit(0, kind, addr, size, dir, 1);
+    rec->EndExit(0);
+  };
+  exit(ExitKind::kMmio, 0xfebf1008, 4, AccessDir::kWrite);  // before the move
+  exit(ExitKind::kMmio, 0xfebf001c, 4, AccessDir::kRead);
+  exit(ExitKind::kPio, 0x3fd, 1, AccessDir::kRead);
+  // The guest reprograms the BAR: unregistered, then registered at another base.
+  ASSERT_TRUE(as.RemoveRange(IoSpace::kMmio, 0xfebf0000));
+  ASSERT_TRUE(as.AddRange(IoSpace::kMmio, 0xfe000000, 0x4000, nvme, *RegisterMap::Builtin("nvme")));
+  ASSERT_TRUE(as.RemoveRange(IoSpace::kPio, 0x3f8));        // and the UART goes away
+  exit(ExitKind::kMmio, 0xfe001008, 4, AccessDir::kWrite);  // after the move
+  exit(ExitKind::kMmio, 0xfe00001c, 4, AccessDir::kRead);
+  exit(ExitKind::kMmio, 0xfebf1008, 4, AccessDir::kWrite);  // the old base: nothing there now
+  const std::vector<std::string> want = {
+      "exit MMIO write 4B to nvme0.SQ1TDBL (0xfebf1008)",
+      "exit MMIO read 4B from nvme0.CSTS (0xfebf001c)",
+      "exit PIO read 1B from com1.LSR (port 0x3fd)",
+      "exit MMIO write 4B to nvme0.SQ1TDBL (0xfe001008)",
+      "exit MMIO read 4B from nvme0.CSTS (0xfe00001c)",
+      "exit MMIO write 4B to unassigned (0xfebf1008)",
+  };
+  auto check = [&](const Dump& d, const char* what) {
+    SCOPED_TRACE(what);
+    ASSERT_EQ(d.vcpus[0].exits.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(d.DescribeExit(d.vcpus[0].exits[i]), want[i]) << "exit " << i;
+    }
+    EXPECT_EQ(d.RegisterName(d.vcpus[0].exits[0]), "SQ1TDBL");
+    const RegisterMap* uart = d.MapFor(d.vcpus[0].exits[2]);  // its range is gone
+    ASSERT_NE(uart, nullptr);
+    EXPECT_EQ(uart->name(), "uart16550");
+    // The ranges are those at snapshot time: the old base and the UART are gone from them.
+    EXPECT_EQ(d.MapFor(IoSpace::kMmio, 0xfebf1008), nullptr);
+    EXPECT_EQ(d.MapFor(IoSpace::kPio, 0x3fd), nullptr);
+  };
+  const Dump snap = rec->Snapshot();
+  check(snap, "snapshot");
+  const std::string path = (dir_ / "moved-bar.esdump").string();
+  ASSERT_TRUE(WriteDumpFile(snap, path));
+  auto read = ReadDump(path);
+  ASSERT_TRUE(read) << read.error().message;
+  EXPECT_EQ(read->version, kDumpVersion);
+  EXPECT_TRUE(read->warnings.empty());
+  check(*read, "written and read back");
+}
+
+// Version 1 (exit records without a map index, named from the ranges at snapshot time) stays
+// readable, and names the same registers once rewritten in the current version.
+TEST_F(DumpTest, AVersion1DumpReadsAndKeepsItsNames) {
+  const std::string path = std::string(EXITSCOPE_TESTDATA_DIR) + "/kvm-host/joint-blk.esdump";
+  auto v1 = ReadDump(path);
+  ASSERT_TRUE(v1) << v1.error().message;
+  ASSERT_EQ(v1->version, 1u);
+  auto again = ParseDump(SerializeDump(*v1, {.include_guest_data = true}), "rewritten");
+  ASSERT_TRUE(again) << again.error().message;
+  EXPECT_EQ(again->version, kDumpVersion);
+  ASSERT_EQ(again->vcpus.size(), v1->vcpus.size());
+  size_t named = 0;
+  for (size_t v = 0; v < v1->vcpus.size(); ++v) {
+    const auto& a = v1->vcpus[v].exits;
+    const auto& b = again->vcpus[v].exits;
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i].map, kNoRegister);
+      EXPECT_EQ(v1->RegisterName(a[i]), again->RegisterName(b[i])) << "vCPU " << v << " exit " << i;
+      EXPECT_EQ(v1->DescribeExit(a[i]), again->DescribeExit(b[i]));
+      named += !v1->RegisterName(a[i]).empty();
+    }
+  }
+  EXPECT_GT(named, 0u) << path << ": no exit names a register";
+}
+
 TEST_F(DumpTest, DumpOnSignal) {
   ASSERT_FALSE(rec_->InstallDumpSignal(SIGUSR1, "/nonexistent-dir").has_value());
   ASSERT_TRUE(rec_->InstallDumpSignal(SIGUSR1, dir_.string()).has_value());

@@ -177,6 +177,8 @@ struct EXITSCOPE_EXPORT Dump {
 
 // Serialises a Dump into the file format; `opts.include_guest_data` false drops values.
 EXITSCOPE_EXPORT std::string SerializeDump(const Dump& dump, const DumpOptions& opts = {});
+// The same into `*out` (replacing its contents, reusing its capacity when large enough).
+EXITSCOPE_EXPORT void SerializeDump(const Dump& dump, const DumpOptions& opts, std::string* out);
 // Parses and validates bytes; `origin` names the input in messages.
 EXITSCOPE_EXPORT Result<Dump> ParseDump(std::string_view bytes, std::string_view origin = "dump");
 // Writes `dump` to `path` atomically: a new temporary file in the same directory (O_EXCL,

@@ -222,6 +222,11 @@ class EXITSCOPE_EXPORT Recorder {
   // ---- Reading --------------------------------------------------------------------------
   // A consistent copy of everything (see dump.h), taken without stopping vCPUs.
   Dump Snapshot(const DumpOptions& options = {}) const;
+  // The same into `*out`, keeping the storage of its exit vectors: a caller that dumps
+  // repeatedly (and can afford to keep the memory) writes into pages it already has instead of
+  // fresh ones, which on a nested-virtualisation host cost more than the copy
+  // (docs/recorder.md, "Scale").
+  void Snapshot(const DumpOptions& options, Dump* out) const;
   // Snapshot() written to `path` (atomically: temp file + rename).
   Status WriteDump(const std::string& path, const DumpOptions& options = {}) const;
   // On signal `signo` (e.g. SIGUSR1), a background thread writes a dump into `directory`

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include "recorder/crc32.h"
+
 namespace exitscope::internal {
 
 constexpr uint32_t kHeaderSize = 64;
@@ -53,19 +55,10 @@ inline const char* SectionName(uint32_t id) {
   return "unknown";
 }
 
+// CRC-32 (IEEE, as zlib's crc32) of a whole section or header (crc32.h: PCLMULQDQ when the
+// CPU has it).
 inline uint32_t Crc32(std::string_view data) {
-  static const std::array<uint32_t, 256> table = [] {
-    std::array<uint32_t, 256> t{};
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xedb88320u ^ (c >> 1) : c >> 1;
-      t[i] = c;
-    }
-    return t;
-  }();
-  uint32_t c = 0xffffffffu;
-  for (unsigned char b : data) c = table[(c ^ b) & 0xff] ^ (c >> 8);
-  return c ^ 0xffffffffu;
+  return Crc32Of(data);
 }
 
 }  // namespace exitscope::internal

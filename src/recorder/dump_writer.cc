@@ -5,11 +5,14 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 
 #include "exitscope/dump.h"
+#include "recorder/crc32.h"
 #include "recorder/dump_format.h"
 
 namespace exitscope {
@@ -79,9 +82,40 @@ void PutExit(Writer& w, const DumpExit& e, bool guest_data) {
   w.U32(e.map);  // since version 2
 }
 
+// DumpExit's first kExitRecordSize bytes are the file's exit record (docs/dump-format.md) on
+// little-endian x86-64, so the exits section is written with one memcpy per record.
+static_assert(offsetof(DumpExit, start_ns) == 0 && offsetof(DumpExit, duration_ns) == 8 &&
+              offsetof(DumpExit, addr) == 16 && offsetof(DumpExit, value) == 24 &&
+              offsetof(DumpExit, vcpu) == 32 && offsetof(DumpExit, device) == 36 &&
+              offsetof(DumpExit, reg) == 40 && offsetof(DumpExit, reg_element) == 44 &&
+              offsetof(DumpExit, reg_delta) == 48 && offsetof(DumpExit, kind) == 52 &&
+              offsetof(DumpExit, size) == 53 && offsetof(DumpExit, dir) == 54 &&
+              offsetof(DumpExit, flags) == 55 && offsetof(DumpExit, map) == 56 &&
+              kExitRecordSize == 60 && sizeof(DumpExit) >= kExitRecordSize);
+static_assert(std::is_trivially_copyable_v<DumpExit>);
+
+// The same bytes as PutExit.
+inline void EncodeExit(const DumpExit& e, bool guest_data, char* dst) {
+  std::memcpy(dst, &e, kExitRecordSize);
+  if (!guest_data) {
+    std::memset(dst + offsetof(DumpExit, value), 0, sizeof e.value);
+    dst[offsetof(DumpExit, flags)] = static_cast<char>(e.flags & ~kExitFlagValue);
+  }
+}
+
+void PutLe(char* p, uint64_t v, int n) {
+  for (int i = 0; i < n; ++i) p[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+}
+
 }  // namespace
 
 std::string SerializeDump(const Dump& d, const DumpOptions& opts) {
+  std::string out;
+  SerializeDump(d, opts, &out);
+  return out;
+}
+
+void SerializeDump(const Dump& d, const DumpOptions& opts, std::string* out) {
   const bool guest = opts.include_guest_data && d.includes_guest_data;
   Strings strings;
   Writer sec[kSectionCount + 1];
@@ -169,12 +203,10 @@ std::string SerializeDump(const Dump& d, const DumpOptions& opts) {
       w.U32(r.map);
     }
   }
+  uint64_t total = 0;  // exit records; the exits section is written straight into *out below
+  for (const DumpVcpu& c : d.vcpus) total += c.exits.size();
   {
     Writer& v = sec[kVcpus];
-    Writer& x = sec[kExits];
-    uint64_t total = 0;
-    for (const DumpVcpu& c : d.vcpus) total += c.exits.size();
-    x.U64(total);
     v.U32(static_cast<uint32_t>(d.vcpus.size()));
     for (const DumpVcpu& c : d.vcpus) {
       v.U32(c.vcpu);
@@ -190,7 +222,6 @@ std::string SerializeDump(const Dump& d, const DumpOptions& opts) {
         strings.Ref(v, name);
         v.U64(value);
       }
-      for (const DumpExit& e : c.exits) PutExit(x, e, guest);
     }
   }
   {
@@ -229,34 +260,66 @@ std::string SerializeDump(const Dump& d, const DumpOptions& opts) {
   }
   sec[kStrings].buf() = strings.data();
 
-  // Layout: header, section table, sections in id order.
-  Writer out;
-  uint64_t offset = kHeaderSize + kSectionCount * kSectionEntrySize;
-  Writer table;
+  // Layout: header, section table, sections in id order. One allocation of the file's size,
+  // written once: the small sections are copied in; the exits section (nearly all of a big
+  // dump) is encoded in place, its CRC folded a block at a time while the block is in cache.
+  uint64_t size[kSectionCount + 1] = {}, offset[kSectionCount + 1] = {};
+  uint32_t crc[kSectionCount + 1] = {};
+  uint64_t file_size = kHeaderSize + kSectionCount * kSectionEntrySize;
   for (uint32_t id = 1; id <= kSectionCount; ++id) {
-    const std::string& b = sec[id].buf();
-    table.U32(id);
-    table.U32(0);
-    table.U64(offset);
-    table.U64(b.size());
-    table.U32(Crc32(b));
-    table.U32(0);
-    offset += b.size();
+    size[id] = id == kExits ? 8 + total * kExitRecordSize : sec[id].buf().size();
+    offset[id] = file_size;
+    file_size += size[id];
   }
-  out.buf().append(kDumpMagic, 8);
-  out.U32(kDumpVersion);
-  out.U32(kHeaderSize);
-  out.U32(guest ? kFlagGuestData : 0);
-  out.U32(kSectionCount);
-  out.U64(offset);  // file size
-  out.U32(Crc32(table.buf()));
-  out.U32(0);  // header crc, patched below
-  out.buf().resize(kHeaderSize, '\0');
-  const uint32_t hcrc = Crc32(out.buf());
-  for (int i = 0; i < 4; ++i) out.buf()[36 + i] = static_cast<char>((hcrc >> (8 * i)) & 0xff);
-  out.buf() += table.buf();
-  for (uint32_t id = 1; id <= kSectionCount; ++id) out.buf() += sec[id].buf();
-  return std::move(out.buf());
+  out->resize_and_overwrite(file_size, [&](char* p, size_t n) {
+    for (uint32_t id = 1; id <= kSectionCount; ++id) {
+      if (id == kExits) continue;
+      const std::string& b = sec[id].buf();
+      if (!b.empty()) std::memcpy(p + offset[id], b.data(), b.size());
+      crc[id] = Crc32Of(b);
+    }
+    char* x = p + offset[kExits];
+    PutLe(x, total, 8);
+    uint32_t c = Crc32Extend(0, x, 8);
+    char* block = x + 8;
+    char* q = block;
+    constexpr size_t kBlock = 64 * 1024;  // bytes per CRC step
+    for (const DumpVcpu& v : d.vcpus) {
+      for (const DumpExit& e : v.exits) {
+        EncodeExit(e, guest, q);
+        q += kExitRecordSize;
+        if (static_cast<size_t>(q - block) >= kBlock) {
+          c = Crc32Extend(c, block, static_cast<size_t>(q - block));
+          block = q;
+        }
+      }
+    }
+    crc[kExits] = Crc32Extend(c, block, static_cast<size_t>(q - block));
+
+    Writer table;
+    for (uint32_t id = 1; id <= kSectionCount; ++id) {
+      table.U32(id);
+      table.U32(0);
+      table.U64(offset[id]);
+      table.U64(size[id]);
+      table.U32(crc[id]);
+      table.U32(0);
+    }
+    Writer h;
+    h.buf().append(kDumpMagic, 8);
+    h.U32(kDumpVersion);
+    h.U32(kHeaderSize);
+    h.U32(guest ? kFlagGuestData : 0);
+    h.U32(kSectionCount);
+    h.U64(file_size);
+    h.U32(Crc32Of(table.buf()));
+    h.U32(0);  // header crc, patched below
+    h.buf().resize(kHeaderSize, '\0');
+    PutLe(h.buf().data() + 36, Crc32Of(h.buf()), 4);
+    std::memcpy(p, h.buf().data(), kHeaderSize);
+    std::memcpy(p + kHeaderSize, table.buf().data(), table.buf().size());
+    return n;
+  });
 }
 
 Status WriteDumpFile(const Dump& dump, const std::string& path, const DumpOptions& opts) {

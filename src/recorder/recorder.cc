@@ -12,6 +12,7 @@
 
 #include "recorder/describe.h"
 #include "recorder/recorder_impl.h"
+#include "recorder/resolve_cache.h"
 
 namespace exitscope {
 
@@ -394,6 +395,24 @@ std::vector<FindingRecord> Recorder::Findings() const {
 
 Dump Recorder::Snapshot(const DumpOptions& options) const {
   Dump d;
+  Snapshot(options, &d);
+  return d;
+}
+
+void Recorder::Snapshot(const DumpOptions& options, Dump* out) const {
+  // Everything reset except the exit vectors' storage: a dump thread that keeps its Dump
+  // touches the same memory next time instead of fresh pages.
+  std::vector<DumpVcpu> kept = std::move(out->vcpus);
+  *out = Dump{};
+  Dump& d = *out;
+  kept.resize(num_vcpus_);
+  for (DumpVcpu& v : kept) {
+    std::vector<DumpExit> exits = std::move(v.exits);
+    exits.clear();
+    v = DumpVcpu{};
+    v.exits = std::move(exits);
+  }
+  d.vcpus = std::move(kept);
   d.version = kDumpVersion;
   d.includes_guest_data = options.include_guest_data;
   d.monotonic_ns = Clock::MonotonicNs();
@@ -426,52 +445,76 @@ Dump Recorder::Snapshot(const DumpOptions& options) const {
   }
 
   // An exit names its register through the map of the generation it was resolved in, which a
-  // range moved since no longer has: that map joins d.maps too.
-  auto to_dump = [&](ExitRecord r) {
+  // range moved since no longer has: that map joins d.maps too. Resolution goes through a
+  // per-snapshot cache: millions of records, a few distinct accesses.
+  internal::ResolveCache cache;
+  auto resolve = [&](const ExitRecord& unresolved) {
+    ExitRecord r = unresolved;
     const RegisterMap* map = ResolveIn(space_, &r);
-    DumpExit e;
+    internal::ResolveCache::Value v{r.device, r.reg, r.reg_element, r.reg_delta, kNoRegister};
     if (map != nullptr) {
       auto [it, inserted] = map_index.emplace(map, static_cast<uint32_t>(d.maps.size()));
       if (inserted) d.maps.push_back(*map);
-      e.map = it->second;
+      v.map = it->second;
     }
-    e.start_ns = clock_.ToMonotonicNs(r.start_ticks);
-    e.duration_ns = clock_.TicksToNs(r.duration_ticks);
-    e.addr = r.addr;
-    e.vcpu = r.vcpu;
-    e.device = r.device;
-    e.reg = r.reg;
-    e.reg_element = r.reg_element;
-    e.reg_delta = r.reg_delta;
-    e.kind = r.kind;
-    e.size = r.size;
-    e.dir = r.dir;
-    e.flags = r.flags;
-    if (options.include_guest_data) {
-      e.value = r.value;
+    return v;
+  };
+  const bool guest = options.include_guest_data;
+  auto to_dump = [&](const ExitRecord& r, DumpExit* e) {
+    e->start_ns = clock_.ToMonotonicNs(r.start_ticks);
+    e->duration_ns = clock_.TicksToNs(r.duration_ticks);
+    e->addr = r.addr;
+    e->value = guest ? r.value : 0;
+    e->vcpu = r.vcpu;
+    e->kind = r.kind;
+    e->size = r.size;
+    e->dir = r.dir;
+    e->flags = guest ? r.flags : static_cast<uint8_t>(r.flags & ~kExitFlagValue);
+    if ((r.flags & kExitFlagUnresolved) != 0) {
+      const internal::ResolveCache::Value& v = cache.Get(r, resolve);
+      e->device = v.device;
+      e->reg = v.reg;
+      e->reg_element = v.element;
+      e->reg_delta = v.delta;
+      e->map = v.map;
+      e->flags &= static_cast<uint8_t>(~kExitFlagUnresolved);
     } else {
-      e.flags &= static_cast<uint8_t>(~kExitFlagValue);
+      e->device = r.device;
+      e->reg = r.reg;
+      e->reg_element = r.reg_element;
+      e->reg_delta = r.reg_delta;
+      e->map = kNoRegister;
     }
-    return e;
   };
 
-  std::vector<ExitRecord> recs;
+  // Each ring is copied a chunk at a time (the chunk stays in cache) and converted from it; the
+  // counters are those of the instant the ring was copied (written = the head copied up to),
+  // so written = exits + overwritten + this snapshot's skipped holds for every dump.
+  constexpr size_t kChunk = 512;  // 28 KiB of records
+  const std::unique_ptr<ExitRecord[]> chunk(new ExitRecord[kChunk]);
   for (uint32_t v = 0; v < num_vcpus_; ++v) {
-    DumpVcpu dv;
+    DumpVcpu& dv = d.vcpus[v];
     dv.vcpu = v;
-    recs.clear();
-    rings_.ring(v).SnapshotNewest(options.max_exits_per_vcpu, &recs);
-    dv.counters = rings_.ring(v).counters();
-    dv.exits.reserve(recs.size());
-    for (const ExitRecord& r : recs) dv.exits.push_back(to_dump(r));
+    const ExitRing& ring = rings_.ring(v);
+    const uint64_t max = options.max_exits_per_vcpu;
+    uint64_t expect = std::min(ring.written() + kChunk, ring.capacity());
+    if (max != 0) expect = std::min(expect, max);
+    dv.exits.reserve(expect);
+    const ExitRing::SnapshotStats st =
+        ring.SnapshotChunked(max, chunk.get(), kChunk, [&](const ExitRecord* recs, size_t n) {
+          for (size_t i = 0; i < n; ++i) to_dump(recs[i], &dv.exits.emplace_back());
+        });
+    dv.counters.capacity = ring.capacity();
+    dv.counters.written = st.written;
+    dv.counters.overwritten = st.written > ring.capacity() ? st.written - ring.capacity() : 0;
+    dv.counters.skipped = ring.counters().skipped;
     ExitRecord cur;
     uint64_t no = 0;
     if (ReadCurrent(slots_[v], &cur, &no)) {
       cur.duration_ticks = now_ticks > cur.start_ticks ? now_ticks - cur.start_ticks : 0;
       if (slots_[v].stalled.load(std::memory_order_relaxed) == no) cur.flags |= kExitFlagStalled;
-      dv.in_progress = to_dump(cur);
+      to_dump(cur, &dv.in_progress.emplace());
     }
-    d.vcpus.push_back(std::move(dv));
   }
 
   std::vector<DeviceEventRecord> evs;
@@ -497,7 +540,6 @@ Dump Recorder::Snapshot(const DumpOptions& options) const {
     for (uint32_t v = 0; v < num_vcpus_; ++v) d.vcpus[v].named_counters = impl_->vcpu_counters[v];
   }
   d.counters = counters();
-  return d;
 }
 
 Status Recorder::WriteDump(const std::string& path, const DumpOptions& options) const {

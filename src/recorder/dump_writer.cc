@@ -271,7 +271,11 @@ void SerializeDump(const Dump& d, const DumpOptions& opts, std::string* out) {
     offset[id] = file_size;
     file_size += size[id];
   }
-  out->resize_and_overwrite(file_size, [&](char* p, size_t n) {
+  // Growing: nothing to keep (and libstdc++ 12 would copy the old bytes). The operation is
+  // told the new size, but libstdc++ 12 may pass a larger one (its growth policy leaks into n),
+  // so it returns file_size, not n.
+  if (out->capacity() < file_size) out->clear();
+  out->resize_and_overwrite(file_size, [&](char* p, size_t) {
     for (uint32_t id = 1; id <= kSectionCount; ++id) {
       if (id == kExits) continue;
       const std::string& b = sec[id].buf();
@@ -318,7 +322,7 @@ void SerializeDump(const Dump& d, const DumpOptions& opts, std::string* out) {
     PutLe(h.buf().data() + 36, Crc32Of(h.buf()), 4);
     std::memcpy(p, h.buf().data(), kHeaderSize);
     std::memcpy(p + kHeaderSize, table.buf().data(), table.buf().size());
-    return n;
+    return static_cast<size_t>(file_size);
   });
 }
 

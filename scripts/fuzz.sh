@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/fuzz.sh [SECONDS] [TARGET...]: builds the AFL++ fuzz targets (classic afl-g++
-# instrumentation, build-fuzz/), seeds each corpus from fuzz/seeds.txt and runs afl-fuzz on
-# each target for SECONDS (default 60). Exits 1 when any target found a crash or a hang that
+# instrumentation, persistent mode from fuzz/afl_persistent.c, build-fuzz/), seeds each
+# corpus from fuzz/seeds.txt and runs afl-fuzz on each target for SECONDS (default 60).
+# Installs Debian's afl++ when it is missing. Exits 1 when any target found a crash or a hang that
 # the CPU limit turned into one; the inputs are copied to fuzz-findings/<target>/ with the
 # command that replays them. docs/fuzzing.md.
 set -euo pipefail
@@ -17,9 +18,21 @@ FINDINGS=${FUZZ_FINDINGS:-fuzz-findings}
 MAX_SEED=262144  # afl-fuzz wants small seeds: larger binary files are skipped,
 MAX_TEXT_SEED=32768  # and text is cut at a line (each exec reads the whole input)
 
+# Preflight: Debian's afl++ (4.04c on Debian 12), installed when missing as install-deps.sh
+# installs the build's packages (root, or sudo; CI is a clean Debian 12 machine as root).
 if ! command -v afl-g++ >/dev/null || ! command -v afl-fuzz >/dev/null; then
-  echo "fuzz: afl-g++/afl-fuzz not found: apt-get install afl++" >&2
-  exit 2
+  SUDO=""
+  if [[ $(id -u) -ne 0 ]]; then
+    command -v sudo >/dev/null || {
+      echo "fuzz: afl-g++/afl-fuzz not found and not root: apt-get install afl++" >&2
+      exit 2
+    }
+    SUDO=sudo
+  fi
+  echo "fuzz: installing afl++"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends afl++ >/dev/null
 fi
 
 # Classic afl-g++ for C++ (the GCC plugin refuses this compiler's version, clang 14 cannot
@@ -65,8 +78,11 @@ for t in "${TARGETS[@]}"; do
   stats=$OUT/$t/out/default/fuzzer_stats
   field() { awk -v k="$1" '$1 == k { print $3 }' "$stats"; }
   crashes=$(find "$OUT/$t/out/default/crashes" -name 'id:*' 2>/dev/null | wc -l)
-  line=$(printf '%-11s execs %9s  execs/s %7s  edges %5s  corpus %4s  crashes %s' "$t" \
-    "$(field execs_done)" "$(field execs_per_sec)" "$(field edges_found)" \
+  mode=fork
+  grep -q "Persistent mode binary detected" "$OUT/$t/afl.log" && mode=persistent
+  [[ ${EXITSCOPE_FUZZ_FORK_PER_INPUT:-0} == 1 ]] && mode=fork
+  line=$(printf '%-11s %-10s execs %9s  execs/s %7s  edges %5s  corpus %4s  crashes %s' "$t" \
+    "$mode" "$(field execs_done)" "$(field execs_per_sec)" "$(field edges_found)" \
     "$(field corpus_count)" "$crashes")
   summary+=("$line")
   echo "fuzz: $line"

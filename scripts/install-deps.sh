@@ -10,6 +10,7 @@ PACKAGES=(
   libtracefs-dev libtraceevent-dev libtracecmd-dev liburing-dev libzstd-dev zlib1g-dev
   trace-cmd linux-perf
   prometheus-cpp-dev
+  clang libbpf-dev bpftool
 )
 # Wanted by one test only (tests/metrics: the real-Prometheus scrape); that test skips with a
 # printed reason when the package could not be installed, so a failure here is not fatal.

@@ -17,6 +17,8 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <span>
+#include <utility>
 
 namespace exitscope::analysis {
 
@@ -60,6 +62,23 @@ class LatencyHistogram {
     total_ += o.total_;
     min_ = std::min(min_, o.min_);
     max_ = std::max(max_, o.max_);
+  }
+
+  // Adds counts kept elsewhere in these same buckets (an eBPF map of `kvm stat --bpf`):
+  // (bucket index, count) pairs, and the min and max of the values counted. Indices at or
+  // past kBuckets are ignored.
+  void MergeBuckets(std::span<const std::pair<uint32_t, uint64_t>> buckets, uint64_t min,
+                    uint64_t max) noexcept {
+    uint64_t n = 0;
+    for (const auto& [b, c] : buckets) {
+      if (b >= kBuckets || c == 0) continue;
+      counts_[b] += c;
+      n += c;
+    }
+    if (n == 0) return;
+    total_ += n;
+    min_ = std::min(min_, min);
+    max_ = std::max(max_, max);
   }
 
   uint64_t count() const noexcept { return total_; }
@@ -112,6 +131,23 @@ class LatencyStats {
     mean_ += delta * nb / n;
     sum_ += o.sum_;
     hist_.Merge(o.hist_);
+  }
+
+  // Merges a distribution kept elsewhere in LatencyHistogram's buckets (the eBPF maps of
+  // `kvm stat --bpf`): its (bucket, count) pairs, the sum, min and max of its values and the
+  // sum of their squares. Equal to Add()ing each value, up to rounding in the variance.
+  void MergeBuckets(std::span<const std::pair<uint32_t, uint64_t>> buckets, uint64_t sum,
+                    uint64_t min, uint64_t max, long double sum_squares) noexcept {
+    LatencyStats o;
+    o.hist_.MergeBuckets(buckets, min, max);
+    const uint64_t n = o.count();
+    if (n == 0) return;
+    o.sum_ = sum;
+    const long double mean = static_cast<long double>(sum) / static_cast<long double>(n);
+    o.mean_ = static_cast<double>(mean);
+    o.m2_ = static_cast<double>(
+        std::max<long double>(0.0L, sum_squares - mean * static_cast<long double>(sum)));
+    Merge(o);
   }
 
   uint64_t count() const noexcept { return hist_.count(); }

@@ -8,6 +8,7 @@
 //                        [--tsc-mhz MHZ] [--dump DUMP]
 //   exitscope kvm record ...   (cmd_kvm_record.cc)
 //   exitscope kvm live ...     (cmd_kvm_live.cc)
+//   exitscope kvm stat ...     (cmd_kvm_stat.cc)
 //
 // FILE is a trace-cmd .dat (as `exitscope kvm record` writes), `trace-cmd report` text, an
 // ftrace `trace` file or `perf script` text; the format is detected from the content.
@@ -37,11 +38,12 @@ constexpr size_t kMaxSlowExitsKept = 100000;  // JSON keeps the first ones; all 
 
 void KvmUsage(FILE* out) {
   std::fprintf(out,
-               "usage: exitscope kvm <report|record|live> [options]\n\n"
+               "usage: exitscope kvm <report|record|live|stat> [options]\n\n"
                "  report  analyse a kvm trace file (-i FILE: trace-cmd .dat, trace-cmd report /\n"
                "          ftrace text, perf script text) as perf kvm stat does, and more\n"
                "  record  record kvm tracepoints from tracefs into a .dat file\n"
-               "  live    show the analysis live, refreshed every -d SECS\n\n"
+               "  live    show the analysis live, refreshed every -d SECS\n"
+               "  stat    --bpf: the analysis aggregated in the kernel by eBPF\n\n"
                "`exitscope kvm <command> --help` lists each command's options.\n");
 }
 
@@ -177,8 +179,11 @@ int KvmMain(int argc, char** argv) {
     fn = KvmRecordMain;
   else if (sub == "live")
     fn = KvmLiveMain;
+  else if (sub == "stat")
+    fn = KvmStatMain;
   if (fn == nullptr) {
-    std::fprintf(stderr, "%s: unknown command '%s' (report, record, live)\n", self, sub.c_str());
+    std::fprintf(stderr, "%s: unknown command '%s' (report, record, live, stat)\n", self,
+                 sub.c_str());
     return 2;
   }
   std::string name = std::string(self) + " " + sub;

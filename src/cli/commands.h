@@ -10,5 +10,6 @@ int InspectMain(int argc, char** argv);    // cmd_inspect.cc: summarise a record
 int KvmMain(int argc, char** argv);        // cmd_kvm.cc: kernel-side analysis; dispatches:
 int KvmRecordMain(int argc, char** argv);  // cmd_kvm_record.cc: `exitscope kvm record`
 int KvmLiveMain(int argc, char** argv);    // cmd_kvm_live.cc: `exitscope kvm live`
+int KvmStatMain(int argc, char** argv);    // cmd_kvm_stat.cc: `exitscope kvm stat [--bpf]`
 
 }  // namespace exitscope::cli

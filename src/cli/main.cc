@@ -21,7 +21,7 @@ constexpr Command kCommands[] = {
      exitscope::cli::RunMain},
     {"inspect", "summarise a recorder dump: exits per kind/device/register, slow exits, stalls",
      exitscope::cli::InspectMain},
-    {"kvm", "kernel-side exit analysis from KVM tracepoints (record | report | live)",
+    {"kvm", "kernel-side exit analysis from KVM tracepoints (record | report | live | stat)",
      exitscope::cli::KvmMain},
 };
 
@@ -71,9 +71,11 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr, "exitscope: unknown command '%s' (see exitscope --help)\n", argv[2]);
       return 2;
     }
+    // `help kvm stat`: the subcommand's own --help.
     char help[] = "--help";
-    char* hargv[] = {help};
-    return Dispatch(*c, 1, hargv);
+    std::vector<char*> hargv(argv + 3, argv + argc);
+    hargv.push_back(help);
+    return Dispatch(*c, static_cast<int>(hargv.size()), hargv.data());
   }
   const Command* c = Find(argv[1]);
   if (!c) {

@@ -1,0 +1,230 @@
+// kvm_bpf_overhead: what watching KVM exits from the kernel costs per exit, three ways, on the
+// same exit-heavy guest in one run:
+//
+//   none     the guest alone (nothing attached to the kvm tracepoints)
+//   tracefs  `exitscope kvm live -p PID`: every kvm:* event streamed through tracefs ring
+//            buffers, drained every 10 ms and paired in userspace
+//   bpf      `exitscope kvm stat --bpf -p PID`: the eBPF program pairs and aggregates in the
+//            kernel, userspace reads the maps at the end
+//
+// The guest (mmio-storm: MMIO and PIO register accesses, five userspace exits per iteration)
+// runs in this process, unrecorded, while the watcher (the real exitscope binary) runs beside
+// it, filtered on this process. Modes rotate every round (none, tracefs, bpf; then tracefs,
+// bpf, none; ...) so drift hits all three alike. Per run: wall time per userspace exit; per
+// watcher run also the kvm records it counted per second and the records it lost. Printed:
+// each run, the medians, the cost each watcher adds per exit and the ratio bpf / tracefs of
+// those costs.
+//
+//   build/bench/kvm_bpf_overhead [--rounds N] [--iterations N]
+//
+// Without /dev/kvm, or without the exitscope binary, it prints one SKIP line and exits 0.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+#include "vmm/vmm.h"
+
+namespace {
+
+using exitscope::vmm::Vmm;
+using exitscope::vmm::VmmConfig;
+
+const std::string kBin = std::string(EXITSCOPE_BINARY_DIR) + "/exitscope";
+
+struct RunResult {
+  double ns_per_exit = -1;
+  double seconds = 0;
+  uint64_t exits = 0;
+};
+
+RunResult Guest(uint64_t iterations) {
+  VmmConfig c;
+  c.guest = "mmio-storm";
+  c.guest_arg = iterations;
+  c.vcpus = 1;
+  c.record = false;
+  c.serial_quiet = true;
+  c.write_dump = false;
+  c.dump_signal = false;
+  c.slow_ms = 1000;
+  c.log = [](std::string_view) {};
+  RunResult out;
+  auto vmm = Vmm::Create(c);
+  if (!vmm) {
+    std::fprintf(stderr, "kvm_bpf_overhead: %s\n", vmm.error().message.c_str());
+    return out;
+  }
+  auto r = (*vmm)->Run();
+  if (!r || !r->passed || r->userspace_exits == 0) {
+    std::fprintf(stderr, "kvm_bpf_overhead: guest did not pass\n");
+    return out;
+  }
+  out.seconds = r->elapsed_s;
+  out.exits = r->userspace_exits;
+  out.ns_per_exit = r->elapsed_s * 1e9 / static_cast<double>(r->userspace_exits);
+  return out;
+}
+
+// The exitscope binary watching this process, its stdout in a file.
+class Watcher {
+ public:
+  bool Start(const std::vector<std::string>& args) {
+    char tmpl[] = "/tmp/kvm-bpf-bench-XXXXXX";
+    out_fd_ = ::mkstemp(tmpl);
+    path_ = tmpl;
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::dup2(out_fd_, 1);
+      const int devnull = ::open("/dev/null", O_WRONLY);
+      ::dup2(devnull, 2);
+      std::vector<char*> argv;
+      for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    ::usleep(1'500'000);  // load / attach / open the tracefs instance before the guest starts
+    int st = 0;
+    return ::waitpid(pid_, &st, WNOHANG) == 0;
+  }
+  // Stops it (SIGINT: it prints its final report) and returns the report's JSON.
+  nlohmann::json Stop() {
+    ::kill(pid_, SIGINT);
+    int st = 0;
+    ::waitpid(pid_, &st, 0);
+    std::ifstream in(path_);
+    std::string line, last;
+    while (std::getline(in, line))
+      if (!line.empty() && line[0] == '{') last = line;
+    ::close(out_fd_);
+    ::unlink(path_.c_str());
+    return last.empty() ? nlohmann::json() : nlohmann::json::parse(last, nullptr, false);
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int out_fd_ = -1;
+  std::string path_;
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty()      ? 0
+         : v.size() % 2 ? v[v.size() / 2]
+                        : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+enum Mode { kNone = 0, kTracefs, kBpf };
+const char* const kModeNames[] = {"none", "tracefs", "bpf"};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int rounds = 5;
+  uint64_t iterations = 20000;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if ((a == "--rounds" || a == "--iterations") && i + 1 < argc) {
+      const long v = std::strtol(argv[++i], nullptr, 10);
+      if (v < 1) {
+        std::fprintf(stderr, "kvm_bpf_overhead: %s must be positive\n", a.c_str());
+        return 2;
+      }
+      if (a == "--rounds")
+        rounds = static_cast<int>(v);
+      else
+        iterations = static_cast<uint64_t>(v);
+    } else {
+      std::fprintf(stderr, "usage: kvm_bpf_overhead [--rounds N] [--iterations N]\n");
+      return 2;
+    }
+  }
+  const int kvm = ::open("/dev/kvm", O_RDWR | O_CLOEXEC);
+  if (kvm < 0) {
+    std::printf("SKIP: /dev/kvm not available (%s): kvm_bpf_overhead boots guests\n",
+                std::strerror(errno));
+    return 0;
+  }
+  ::close(kvm);
+  if (::access(kBin.c_str(), X_OK) != 0) {
+    std::printf("SKIP: %s not built\n", kBin.c_str());
+    return 0;
+  }
+  const std::string self = std::to_string(::getpid());
+  std::printf("guest mmio-storm, %llu iterations x 5 exits, 1 vCPU, %d rounds, watchers -p %s\n",
+              static_cast<unsigned long long>(iterations), rounds, self.c_str());
+  if (Guest(iterations).ns_per_exit < 0) return 1;  // warm-up
+
+  std::vector<double> ns[3], events_per_s[3];
+  uint64_t lost[3] = {};
+  for (int r = 0; r < rounds; ++r) {
+    for (int k = 0; k < 3; ++k) {
+      const Mode m = static_cast<Mode>((r + k) % 3);
+      Watcher w;
+      if (m == kTracefs && !w.Start({kBin, "kvm", "live", "-p", self, "--format", "json", "-d",
+                                     "3600", "--cumulative"})) {
+        std::printf("tracefs: not measured (kvm live did not start)\n");
+        return 1;
+      }
+      if (m == kBpf && !w.Start({kBin, "kvm", "stat", "--bpf", "-p", self, "--format", "json"})) {
+        std::printf("bpf: not measured (kvm stat --bpf did not start)\n");
+        return 1;
+      }
+      const RunResult g = Guest(iterations);
+      if (g.ns_per_exit < 0) return 1;
+      std::string extra;
+      if (m != kNone) {
+        const nlohmann::json j = w.Stop();
+        if (!j.is_object() || !j.contains("pairing")) {
+          std::printf("%s: no report from the watcher\n", kModeNames[m]);
+          return 1;
+        }
+        if (m == kBpf &&
+            j.at("input").at("format").get<std::string>().find("eBPF") == std::string::npos) {
+          std::printf("bpf: kvm stat fell back to tracefs (BPF not possible here)\n");
+          return 1;
+        }
+        const uint64_t records = j["pairing"]["records_total"].get<uint64_t>();
+        const uint64_t lost_now = j["pairing"]["lost_events"].get<uint64_t>();
+        lost[m] += lost_now;
+        const double eps = static_cast<double>(records) / g.seconds;
+        events_per_s[m].push_back(eps);
+        extra = "  " + std::to_string(records) + " records, " +
+                std::to_string(static_cast<uint64_t>(eps)) + " events/s, lost " +
+                std::to_string(lost_now);
+      }
+      ns[m].push_back(g.ns_per_exit);
+      std::printf("round %d %-8s %10.1f ns/exit%s\n", r + 1, kModeNames[m], g.ns_per_exit,
+                  extra.c_str());
+      std::fflush(stdout);
+    }
+  }
+  const double none = Median(ns[kNone]), tfs = Median(ns[kTracefs]), bpf = Median(ns[kBpf]);
+  std::printf("median none     %10.1f ns/exit\n", none);
+  std::printf(
+      "median tracefs  %10.1f ns/exit  (+%.1f ns/exit, ratio %.4f)  %.0f events/s, "
+      "lost %llu\n",
+      tfs, tfs - none, tfs / none, Median(events_per_s[kTracefs]),
+      static_cast<unsigned long long>(lost[kTracefs]));
+  std::printf(
+      "median bpf      %10.1f ns/exit  (+%.1f ns/exit, ratio %.4f)  %.0f events/s, "
+      "lost %llu\n",
+      bpf, bpf - none, bpf / none, Median(events_per_s[kBpf]),
+      static_cast<unsigned long long>(lost[kBpf]));
+  if (tfs - none > 0) {
+    std::printf("bpf cost / tracefs cost %.3f\n", (bpf - none) / (tfs - none));
+  }
+  return 0;
+}

@@ -1,0 +1,428 @@
+// `exitscope kvm stat`: KVM exit statistics aggregated in the kernel by an eBPF program.
+//
+//   exitscope kvm stat --bpf [--event ...] [-p PID] [--vcpu N] [-k KEY] [--percentiles]
+//                      [--per-vcpu] [--per-vm] [--histogram] [--format table|json|csv]
+//                      [--device-map FILE] [--pvm-numbering upstream|fork]
+//                      [--duration S] [-d SECS] [-- CMD ARGS...]
+//
+// The program (src/sources/bpf/kvm_stat.bpf.c) pairs the kvm tracepoints per vCPU thread as
+// KvmPairer does and keeps per-key histograms in BPF maps: no event reaches userspace. This
+// command reads the maps every -d SECS (cumulative) and at the end, and renders them with
+// `kvm report`'s table / JSON / CSV. With CMD it starts CMD, counts only its process, and
+// stops when it exits; else it runs for --duration S or until Ctrl-C. Without BPF (not built,
+// no BTF, no permission, no kvm tracepoints) it says so in one line and streams the same
+// tracepoints from tracefs instead, as `kvm live` does. docs/kvm-bpf.md.
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "analysis/kvm_stats.h"
+#include "cli/commands.h"
+#include "cli/kvm_flags.h"
+#include "cli/parse_args.h"
+#include "fmt/format.h"
+#include "report/format.h"
+#include "report/kvm_report.h"
+#include "sources/bpf/bpf_kvm_rows.h"
+#include "sources/bpf/bpf_kvm_stat.h"
+#include "sources/kvm_device_map.h"
+#include "sources/kvm_pairing.h"
+#include "sources/tracecmd_dat.h"
+#include "sources/tracefs_kvm.h"
+#include "sources/tracefs_reader.h"
+#include "sources/tracefs_session.h"
+
+namespace exitscope::cli {
+namespace {
+
+using sources::StopSignalScope;
+
+// CMD, started once counting is on (so its first exit is seen), exec failure reported.
+class StatChild {
+ public:
+  Result<pid_t> Spawn(const std::vector<std::string>& cmd) {
+    if (::pipe2(go_, O_CLOEXEC) != 0 || ::pipe2(err_, O_CLOEXEC) != 0) {
+      return Fail(ErrorCode::kIo, fmt::format("pipe: {}", std::strerror(errno)));
+    }
+    pid_ = ::fork();
+    if (pid_ < 0) return Fail(ErrorCode::kIo, fmt::format("fork: {}", std::strerror(errno)));
+    if (pid_ == 0) {
+      char c = 0;
+      if (::read(go_[0], &c, 1) != 1 || c != 'g') ::_exit(127);
+      std::vector<char*> argv;
+      for (const std::string& a : cmd) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      ::execvp(argv[0], argv.data());
+      const int e = errno;
+      (void)!::write(err_[1], &e, sizeof e);
+      ::_exit(127);
+    }
+    ::close(go_[0]);
+    ::close(err_[1]);
+    go_[0] = err_[1] = -1;
+    return pid_;
+  }
+  // Lets CMD exec; returns the exec errno (0 when it started).
+  int Go() {
+    (void)!::write(go_[1], "g", 1);
+    ::close(go_[1]);
+    go_[1] = -1;
+    int e = 0;
+    const ssize_t n = ::read(err_[0], &e, sizeof e);
+    ::close(err_[0]);
+    err_[0] = -1;
+    return n == static_cast<ssize_t>(sizeof e) ? e : 0;
+  }
+  bool Exited() {
+    if (pid_ <= 0 || exited_) return true;
+    if (::waitpid(pid_, &status_, WNOHANG) == pid_) exited_ = true;
+    return exited_;
+  }
+  void Stop(int sig) {
+    if (Exited()) return;
+    ::kill(pid_, sig);
+    for (int i = 0; i < 300 && !Exited(); ++i) ::usleep(10'000);
+    if (!Exited()) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, &status_, 0);
+      exited_ = true;
+    }
+  }
+  ~StatChild() {
+    for (int fd : {go_[0], go_[1], err_[0], err_[1]})
+      if (fd >= 0) ::close(fd);
+    if (pid_ > 0 && !exited_) Stop(SIGKILL);
+  }
+  pid_t pid() const { return pid_; }
+  int status() const { return status_; }
+
+ private:
+  int go_[2] = {-1, -1};
+  int err_[2] = {-1, -1};
+  pid_t pid_ = -1;
+  int status_ = 0;
+  bool exited_ = false;
+};
+
+std::string DescribeStatus(int status) {
+  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return fmt::format("killed by signal {}", WTERMSIG(status));
+  return "ended";
+}
+
+struct StatRun {
+  const char* self = "";
+  KvmAnalysisFlags flags;
+  double interval = 0;  // -d: 0 = only at the end
+  double duration = 0;  // --duration: 0 = until CMD exits / Ctrl-C
+  std::vector<std::string> cmd;
+  std::string tracefs_dir;
+  analysis::KvmAnalysisOptions aopts;
+  report::KvmRenderOptions ropts;
+  sources::KvmPairerOptions popts;
+  StatChild child;
+  std::string stopped;
+};
+
+std::chrono::steady_clock::duration Seconds(double s) {
+  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(s));
+}
+
+// Waits until the next refresh, the end of --duration, CMD's exit or Ctrl-C; polls `tick`
+// every 10 ms (tracefs drains its pages there). Returns true when the run is over.
+template <typename Tick, typename Refresh>
+bool Wait(StatRun& run, std::chrono::steady_clock::time_point start,
+          std::chrono::steady_clock::time_point* next_refresh, Tick&& tick, Refresh&& refresh) {
+  for (;;) {
+    if (!tick()) return true;
+    if (StopSignalScope::StopRequested()) {
+      run.stopped = fmt::format("signal {}", StopSignalScope::LastSignal());
+      return true;
+    }
+    if (!run.cmd.empty() && run.child.Exited()) {
+      run.stopped = fmt::format("'{}' {}", run.cmd[0], DescribeStatus(run.child.status()));
+      return true;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (run.duration > 0 && now - start >= std::chrono::duration<double>(run.duration)) {
+      run.stopped = fmt::format("after {} s", run.duration);
+      return true;
+    }
+    if (run.interval > 0 && now >= *next_refresh) {
+      refresh();
+      *next_refresh += Seconds(run.interval);
+      if (*next_refresh < now) *next_refresh = now + Seconds(run.interval);
+    }
+    ::usleep(10'000);  // a signal cuts it short
+  }
+}
+
+std::string Render(const analysis::KvmAnalysis& a, const report::KvmReportContext& ctx,
+                   const report::KvmRenderOptions& ropts, const std::string& format) {
+  if (format == "json") {
+    std::string out = report::RenderKvmJson(a, ctx, ropts);
+    while (!out.empty() && out.back() == '\n') out.pop_back();
+    std::replace(out.begin(), out.end(), '\n', ' ');
+    return out + '\n';
+  }
+  if (format == "csv") return report::RenderKvmCsv(a, ctx, ropts);
+  return report::RenderKvmTable(a, ctx, ropts);
+}
+
+int StartChild(StatRun& run) {
+  if (run.cmd.empty()) return 0;
+  if (const int e = run.child.Go(); e != 0) {
+    return ReportError(run.self,
+                       Error{ErrorCode::kNotFound,
+                             fmt::format("cannot run '{}': {}", run.cmd[0], std::strerror(e))});
+  }
+  return 0;
+}
+
+void StopChild(StatRun& run) {
+  if (run.cmd.empty() || run.child.Exited()) return;
+  const int sig = StopSignalScope::LastSignal();
+  run.child.Stop(sig ? sig : SIGTERM);
+}
+
+// --bpf: the in-kernel aggregation.
+int RunBpf(StatRun& run, sources::bpf::BpfKvmStat& bpf) {
+  const std::string& format = run.flags.format;
+  sources::bpf::BpfKvmRowOptions bo;
+  bo.analysis = run.aopts;
+  bo.pvm = run.popts.pvm;
+  bo.devices = run.popts.devices;
+  report::KvmReportContext ctx;
+  ctx.input = run.cmd.empty() ? "live" : run.cmd[0];
+  ctx.format = "eBPF in-kernel aggregation (kvm stat --bpf)";
+  ctx.clock = "mono";
+  ctx.pid = run.flags.pid;
+  ctx.vcpu = run.flags.vcpu;
+  int refresh = 0;
+  auto print = [&](const sources::bpf::BpfKvmSnapshot& snap, bool final_one) {
+    bo.final = final_one;
+    sources::bpf::BpfKvmRows rows = sources::bpf::BuildBpfKvmRows(snap, bo);
+    ctx.pairing = &rows.pairing;
+    ++refresh;
+    std::string out;
+    if (format == "table") {
+      out += fmt::format(
+          "exitscope kvm stat --bpf: {} #{}{}, {} keys, {} records, lost {} samples and {} "
+          "records{}\n",
+          final_one ? "final" : "refresh", refresh,
+          run.interval > 0 ? fmt::format(" (every {} s, cumulative)", run.interval) : "", rows.keys,
+          rows.pairing.records_total, rows.lost_samples, rows.lost_records,
+          final_one && !run.stopped.empty() ? "; stopped: " + run.stopped : "");
+    }
+    out += Render(rows.analysis, ctx, run.ropts, format);
+    if (format == "table" && !final_one && !rows.in_flight.empty()) {
+      out += fmt::format("\nIn flight now: {} exits (the vCPU has not re-entered the guest):\n",
+                         rows.in_flight.size());
+      for (const sources::bpf::BpfKvmInFlight& f : rows.in_flight) {
+        out += fmt::format("  VM {} vCPU {} (tid {}): {} {}{} inside for {:.3f} ms\n", f.exit.vm,
+                           f.exit.vcpu, f.exit.tid, f.exit.reason, f.exit.key,
+                           f.exit.device.empty() ? "" : " (" + f.exit.device + ")",
+                           static_cast<double>(f.inside_ns) / 1e6);
+      }
+    }
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    std::fflush(stdout);
+  };
+
+  if (int rc = StartChild(run); rc != 0) return rc;
+  const auto start = std::chrono::steady_clock::now();
+  auto next_refresh = start + Seconds(run.interval);
+  Status failure;
+  Wait(
+      run, start, &next_refresh, [] { return true; },
+      [&] {
+        auto snap = bpf.Read();
+        if (!snap) {
+          failure = Propagate(snap);
+          return;
+        }
+        print(*snap, false);
+      });
+  bpf.Detach();
+  StopChild(run);
+  if (!failure) return ReportError(run.self, failure.error());
+  auto snap = bpf.Read();
+  if (!snap) return ReportError(run.self, snap.error());
+  print(*snap, true);
+  return 0;
+}
+
+// Without BPF: the tracepoints streamed from tracefs and paired in userspace (`kvm live`).
+int RunTracefs(StatRun& run) {
+  const std::string& format = run.flags.format;
+  sources::TracefsOptions topts;
+  topts.tracefs_dir = run.tracefs_dir;
+  if (run.flags.pid > 0) topts.pid = static_cast<pid_t>(run.flags.pid);
+  if (!run.cmd.empty()) topts.pid = run.child.pid();
+  auto session = sources::TracefsSession::Open(topts);
+  if (!session) return ReportError(run.self, session.error());
+  sources::TracefsSession& s = **session;
+  auto reader = sources::TracefsPageReader::Open(s);
+  if (!reader) return ReportError(run.self, reader.error());
+  auto tep = sources::TepEvents::Load(s.tracefs_dir(), s.systems());
+  if (!tep) return ReportError(run.self, tep.error());
+  const uint64_t tsc_khz = s.clock() == "x86-tsc" ? sources::HostTscKhz() : 0;
+  run.popts.clock = sources::ScaleForClock(s.clock(), tsc_khz);
+  const uint64_t lag = tsc_khz ? tsc_khz * 50 : 50'000'000;  // 50 ms
+
+  analysis::KvmAggregator agg(run.aopts);
+  sources::KvmPairer pairer(run.popts, &agg);
+  sources::KvmLiveFeeder merger(tep->get(), &pairer, lag);
+  sources::RawPageDecoder pages(tep->get());
+  auto sink = [&](int cpu, const uint8_t* page, size_t size) -> Status {
+    pages.Decode(cpu, page, size, merger);
+    return {};
+  };
+  report::KvmReportContext ctx;
+  ctx.input = run.cmd.empty() ? "live" : run.cmd[0];
+  ctx.format = "tracefs";
+  ctx.clock = s.clock();
+  ctx.tsc_khz = tsc_khz;
+  ctx.tsc_khz_from_host = tsc_khz != 0;
+  ctx.pairing = &pairer.stats();
+  ctx.pid = run.flags.pid;
+  ctx.vcpu = run.flags.vcpu;
+  int refresh = 0;
+  auto print = [&](bool final_one) {
+    agg.Finish();
+    ++refresh;
+    std::string out;
+    if (format == "table") {
+      out += fmt::format("exitscope kvm stat (tracefs): {} #{}, clock {}, lost {} events{}\n",
+                         final_one ? "final" : "refresh", refresh, s.clock(), pages.lost_events(),
+                         final_one && !run.stopped.empty() ? "; stopped: " + run.stopped : "");
+    }
+    out += Render(agg.analysis(), ctx, run.ropts, format);
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    std::fflush(stdout);
+  };
+
+  if (Status st = s.Start(); !st) return ReportError(run.self, st.error());
+  if (int rc = StartChild(run); rc != 0) return rc;
+  const auto start = std::chrono::steady_clock::now();
+  auto next_refresh = start + Seconds(run.interval);
+  Status failure;
+  Wait(
+      run, start, &next_refresh,
+      [&] {
+        auto n = (*reader)->Poll(sink);
+        if (!n) {
+          failure = Propagate(n);
+          return false;
+        }
+        merger.Flush(false);
+        return true;
+      },
+      [&] { print(false); });
+  (void)s.Stop();
+  for (int idle = 0; idle < 2;) {
+    auto n = (*reader)->Poll(sink);
+    if (!n) break;
+    if (*n == 0) ++idle;
+  }
+  merger.Flush(true);
+  pairer.Finish();
+  StopChild(run);
+  if (!failure) return ReportError(run.self, failure.error());
+  print(true);
+  (*reader)->Close();
+  if (Status st = s.Close(); !st) return ReportError(run.self, st.error());
+  return 0;
+}
+
+}  // namespace
+
+int KvmStatMain(int argc, char** argv) {
+  StatRun run;
+  run.self = argc > 0 ? argv[0] : "exitscope kvm stat";
+  int own_argc = argc;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--") == 0) {
+      own_argc = i;
+      for (int j = i + 1; j < argc; ++j) run.cmd.emplace_back(argv[j]);
+      break;
+    }
+  }
+  CLI::App app{
+      "KVM exit statistics aggregated in the kernel by an eBPF program (--bpf): per-key counts "
+      "and latency histograms in BPF maps, no event streamed to userspace. Prints `exitscope "
+      "kvm report`'s table at the end (and every -d SECS). Without BPF it says so in one line "
+      "and streams the tracepoints from tracefs instead (as `kvm live`). docs/kvm-bpf.md.\n"
+      "usage: exitscope kvm stat --bpf [options] [-- CMD ARGS...]",
+      run.self};
+  bool use_bpf = false;
+  KvmAnalysisFlags& f = run.flags;
+  app.add_flag("--bpf", use_bpf,
+               "aggregate in the kernel (eBPF on the kvm tracepoints); without it, or where "
+               "BPF is not possible, tracefs streaming");
+  app.add_option("--event", f.event, "vmexit | userspace | ioport | mmio | msr | hypercall");
+  app.add_option("--vcpu", f.vcpu, "only this vCPU")->check(kNonNegativeInteger);
+  app.add_option("-p,--pid", f.pid, "only this VM (VMM process id): also filters in the kernel")
+      ->check(kNonNegativeInteger);
+  app.add_option("-k,--key", f.key,
+                 "sort rows by: sample | time | max | min | avg | p50 | p99 | p999");
+  app.add_flag("--percentiles", f.percentiles, "add p50 / p99 / p99.9 columns");
+  app.add_flag("--per-vcpu", f.per_vcpu, "add one table per vCPU");
+  app.add_flag("--per-vm", f.per_vm, "add one table per VM");
+  app.add_flag("--histogram", f.histogram, "log-scale latency histogram per row");
+  app.add_option("--format", f.format, "table | json | csv (json: one document per line)");
+  app.add_option("--device-map", f.device_map,
+                 "resolve ports / MMIO addresses: a recorder dump of the VM or a device-map "
+                 "text file (docs/kvm.md)");
+  app.add_option("--pvm-numbering", f.pvm_numbering,
+                 "PVM exit reason numbering: upstream | fork (ERETS removed)");
+  app.add_option("--duration", run.duration,
+                 "stop after S seconds (default: when CMD exits, or Ctrl-C)")
+      ->check(kFiniteNonNegative);
+  app.add_option("-d,--delay", run.interval,
+                 "also print the (cumulative) table every SECS seconds (default: at the end "
+                 "only)")
+      ->check(kFiniteNonNegative & CLI::Range(0.0, 86400.0));
+  app.add_option("--tracefs", run.tracefs_dir,
+                 "tracefs mount point (default: $EXITSCOPE_TRACEFS or /sys/kernel/tracing)");
+  if (auto rc = ParseArgs(app, own_argc, argv)) return *rc;
+  if (f.pid > 0 && !run.cmd.empty()) {
+    return UsageError(run.self, "-p and a command after -- exclude each other");
+  }
+  std::unique_ptr<sources::KvmDeviceMap> devices;
+  if (int rc = f.Apply(run.self, &run.aopts, &run.ropts, &run.popts, &devices); rc != 0) {
+    return rc;
+  }
+  run.aopts.slow_ns = 0;  // --duration is the run's length here, not perf's slow-exit filter
+
+  StopSignalScope signals;
+  if (!run.cmd.empty()) {
+    auto spawned = run.child.Spawn(run.cmd);
+    if (!spawned) return ReportError(run.self, spawned.error());
+  }
+  if (use_bpf) {
+    sources::bpf::BpfKvmOptions bo;
+    bo.tracefs_dir = run.tracefs_dir;
+    if (f.pid > 0) bo.tgid = static_cast<uint32_t>(f.pid);
+    if (!run.cmd.empty()) bo.tgid = static_cast<uint32_t>(run.child.pid());
+    auto bpf = sources::bpf::BpfKvmStat::Open(bo);
+    if (bpf) return RunBpf(run, **bpf);
+    std::fprintf(stderr, "%s: --bpf not possible here: %s; streaming from tracefs instead\n",
+                 run.self, bpf.error().message.c_str());
+  }
+  return RunTracefs(run);
+}
+
+}  // namespace exitscope::cli

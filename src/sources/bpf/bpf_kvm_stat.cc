@@ -1,0 +1,304 @@
+#include "sources/bpf/bpf_kvm_stat.h"
+
+#include <traceevent/event-parse.h>
+
+#include <cerrno>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <string_view>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "analysis/histogram.h"
+#include "sources/tracefs_reader.h"
+#include "sources/tracefs_session.h"
+
+#ifdef EXITSCOPE_HAVE_BPF
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+
+#include "kvm_stat.skel.h"
+#endif
+
+namespace exitscope::sources::bpf {
+
+static_assert(KS_HIST_BUCKETS == analysis::LatencyHistogram::kBuckets,
+              "the BPF histogram must use LatencyHistogram's buckets");
+static_assert(KS_HIST_SUB_BITS == analysis::LatencyHistogram::kSubBits);
+static_assert(sizeof(ks_key) == 48 && sizeof(ks_bucket_key) == 56, "no hidden padding in keys");
+
+namespace {
+
+// The tracepoints the program reads, in KS_EV_* order.
+constexpr const char* kEvents[KS_EV_COUNT] = {
+    "kvm_exit",        "kvm_entry",      "kvm_userspace_exit",
+    "kvm_fpu",         "kvm_pio",        "kvm_mmio",
+    "kvm_msr",         "kvm_hypercall",  "kvm_emulate_insn",
+    "vcpu_match_mmio", "kvm_page_fault", "kvm_inj_exception",
+    "kvm_cpuid",
+};
+
+// Where each KS_F_* field comes from: (event, field name).
+struct FieldSpec {
+  int event;
+  const char* name;
+};
+constexpr FieldSpec kFields[KS_F_COUNT] = {
+    {KS_EV_EXIT, "exit_reason"},
+    {KS_EV_EXIT, "isa"},
+    {KS_EV_EXIT, "info1"},
+    {KS_EV_EXIT, "info2"},
+    {KS_EV_EXIT, "vcpu_id"},
+    {KS_EV_ENTRY, "vcpu_id"},
+    {KS_EV_USERSPACE_EXIT, "reason"},
+    {KS_EV_USERSPACE_EXIT, "errno"},
+    {KS_EV_FPU, "load"},
+    {KS_EV_PIO, "rw"},
+    {KS_EV_PIO, "port"},
+    {KS_EV_PIO, "size"},
+    {KS_EV_MMIO, "type"},
+    {KS_EV_MMIO, "len"},
+    {KS_EV_MMIO, "gpa"},
+    {KS_EV_MSR, "write"},
+    {KS_EV_MSR, "ecx"},
+    {KS_EV_HYPERCALL, "nr"},
+    {KS_EV_EMULATE_INSN, "len"},
+    {KS_EV_EMULATE_INSN, "insn"},
+    {KS_EV_VCPU_MATCH_MMIO, "gpa"},
+    {KS_EV_VCPU_MATCH_MMIO, "write"},
+    {KS_EV_PAGE_FAULT, "vcpu_id"},
+};
+
+}  // namespace
+
+#ifdef EXITSCOPE_HAVE_BPF
+
+bool BpfKvmStatBuilt() noexcept {
+  return true;
+}
+
+namespace {
+
+// libbpf's messages: the last warning is kept for the one-line error, nothing is printed.
+thread_local std::string g_last_libbpf_message;
+int QuietPrint(enum libbpf_print_level level, const char* fmt, va_list args) {
+  if (level == LIBBPF_DEBUG) return 0;
+  char buf[512];
+  std::vsnprintf(buf, sizeof buf, fmt, args);
+  std::string_view line(buf);
+  while (!line.empty() && (line.back() == '\n' || line.back() == ' ')) line.remove_suffix(1);
+  if (!line.empty()) g_last_libbpf_message = std::string(line);
+  return 0;
+}
+
+bpf_program* ProgramFor(kvm_stat_bpf* skel, int event) {
+  bpf_program* const progs[KS_EV_COUNT] = {
+      skel->progs.ks_kvm_exit,
+      skel->progs.ks_kvm_entry,
+      skel->progs.ks_kvm_userspace_exit,
+      skel->progs.ks_kvm_fpu,
+      skel->progs.ks_kvm_pio,
+      skel->progs.ks_kvm_mmio,
+      skel->progs.ks_kvm_msr,
+      skel->progs.ks_kvm_hypercall,
+      skel->progs.ks_kvm_emulate_insn,
+      skel->progs.ks_vcpu_match_mmio,
+      skel->progs.ks_kvm_page_fault,
+      skel->progs.ks_kvm_inj_exception,
+      skel->progs.ks_kvm_cpuid,
+  };
+  return progs[event];
+}
+
+// Iterates a hash map's keys; calls fn(key) for each.
+template <typename K, typename Fn>
+void ForEachKey(int fd, Fn&& fn) {
+  K key{}, next{};
+  const void* prev = nullptr;
+  while (bpf_map_get_next_key(fd, prev, &next) == 0) {
+    fn(next);
+    key = next;
+    prev = &key;
+  }
+}
+
+std::string KeyBytes(const ks_key& k) {
+  return std::string(reinterpret_cast<const char*>(&k), sizeof k);
+}
+
+}  // namespace
+
+struct BpfKvmStat::Impl {
+  kvm_stat_bpf* skel = nullptr;
+  std::vector<bpf_link*> links;
+  ~Impl() {
+    for (bpf_link* l : links) bpf_link__destroy(l);
+    if (skel) kvm_stat_bpf__destroy(skel);
+  }
+};
+
+BpfKvmStat::BpfKvmStat(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+BpfKvmStat::~BpfKvmStat() = default;
+
+Result<std::unique_ptr<BpfKvmStat>> BpfKvmStat::Open(const BpfKvmOptions& options) {
+  if (::access("/sys/kernel/btf/vmlinux", R_OK) != 0) {
+    return Fail(ErrorCode::kUnavailable,
+                fmt::format("no kernel BTF (/sys/kernel/btf/vmlinux: {})", std::strerror(errno)));
+  }
+  auto dir = FindTracefs(options.tracefs_dir);
+  if (!dir) return Fail(ErrorCode::kUnavailable, dir.error().message);
+  auto tep = TepEvents::Load(*dir, {"kvm"});
+  if (!tep) {
+    return Fail(ErrorCode::kUnavailable,
+                fmt::format("no kvm tracepoints: {}", tep.error().message));
+  }
+
+  // The field layout of this kernel, from the format files.
+  ks_config cfg{};
+  bool have[KS_EV_COUNT] = {};
+  for (int e = 0; e < KS_EV_COUNT; ++e) {
+    have[e] = tep_find_event_by_name(tep->get(), "kvm", kEvents[e]) != nullptr;
+  }
+  for (int f = 0; f < KS_F_COUNT; ++f) {
+    cfg.offset[f] = -1;
+    tep_event* ev = tep_find_event_by_name(tep->get(), "kvm", kEvents[kFields[f].event]);
+    if (ev == nullptr) continue;
+    tep_format_field* fld = tep_find_field(ev, kFields[f].name);
+    if (fld == nullptr) continue;
+    const bool array = (fld->flags & TEP_FIELD_IS_ARRAY) != 0;
+    if (fld->offset > 4096 || (!array && fld->size > 8) || (array && fld->size < 15)) continue;
+    cfg.offset[f] = static_cast<__s16>(fld->offset);
+    cfg.size[f] = static_cast<__u8>(array ? 15 : fld->size);
+  }
+  cfg.target_tgid = options.tgid;
+  if (!have[KS_EV_EXIT] && !have[KS_EV_USERSPACE_EXIT]) {
+    return Fail(ErrorCode::kUnavailable,
+                "no kvm_exit and no kvm_userspace_exit tracepoint: nothing to pair");
+  }
+
+  libbpf_set_print(QuietPrint);
+  g_last_libbpf_message.clear();
+  auto impl = std::make_unique<Impl>();
+  impl->skel = kvm_stat_bpf__open();
+  if (impl->skel == nullptr) {
+    return Fail(ErrorCode::kUnavailable,
+                fmt::format("cannot open the BPF program: {}", std::strerror(errno)));
+  }
+  std::memcpy(const_cast<ks_config*>(&impl->skel->rodata->cfg), &cfg, sizeof cfg);
+  std::vector<std::string> attached, missing;
+  for (int e = 0; e < KS_EV_COUNT; ++e) {
+    if (!have[e]) {
+      bpf_program__set_autoload(ProgramFor(impl->skel, e), false);
+      missing.emplace_back(kEvents[e]);
+    }
+  }
+  if (int err = kvm_stat_bpf__load(impl->skel); err != 0) {
+    const int e = -err;
+    const bool perm = e == EPERM || e == EACCES;
+    std::string why = g_last_libbpf_message.empty() ? std::strerror(e) : g_last_libbpf_message;
+    return Fail(perm ? ErrorCode::kPermission : ErrorCode::kUnavailable,
+                fmt::format("the kernel refused the BPF program ({}): {}", std::strerror(e), why));
+  }
+  for (int e = 0; e < KS_EV_COUNT; ++e) {
+    if (!have[e]) continue;
+    bpf_link* link = bpf_program__attach(ProgramFor(impl->skel, e));
+    if (link == nullptr) {
+      const int err = errno;
+      return Fail(
+          err == EPERM || err == EACCES ? ErrorCode::kPermission : ErrorCode::kUnavailable,
+          fmt::format("cannot attach to tracepoint kvm:{}: {}", kEvents[e], std::strerror(err)));
+    }
+    impl->links.push_back(link);
+    attached.emplace_back(kEvents[e]);
+  }
+  std::unique_ptr<BpfKvmStat> out(new BpfKvmStat(std::move(impl)));
+  out->attached_ = std::move(attached);
+  out->missing_ = std::move(missing);
+  return out;
+}
+
+void BpfKvmStat::Detach() noexcept {
+  for (bpf_link* l : impl_->links) bpf_link__destroy(l);
+  impl_->links.clear();
+}
+
+Result<BpfKvmSnapshot> BpfKvmStat::Read() const {
+  BpfKvmSnapshot snap;
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  snap.now_ns = static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ull + ts.tv_nsec;
+  kvm_stat_bpf* skel = impl_->skel;
+  const int stats_fd = bpf_map__fd(skel->maps.ks_stats);
+  const int buckets_fd = bpf_map__fd(skel->maps.ks_buckets);
+  const int threads_fd = bpf_map__fd(skel->maps.ks_threads);
+  const int counters_fd = bpf_map__fd(skel->maps.ks_counters);
+
+  std::unordered_map<std::string, size_t> index;
+  ForEachKey<ks_key>(stats_fd, [&](const ks_key& k) {
+    BpfKvmSample s;
+    s.key = k;
+    if (bpf_map_lookup_elem(stats_fd, &k, &s.stats) != 0) return;  // deleted meanwhile
+    index.emplace(KeyBytes(k), snap.samples.size());
+    snap.samples.push_back(std::move(s));
+  });
+  ForEachKey<ks_bucket_key>(buckets_fd, [&](const ks_bucket_key& bk) {
+    uint64_t n = 0;
+    if (bpf_map_lookup_elem(buckets_fd, &bk, &n) != 0) return;
+    auto it = index.find(KeyBytes(bk.key));
+    if (it == index.end()) return;  // its key came after the stats pass: next read
+    snap.samples[it->second].buckets.emplace_back(bk.bucket, n);
+  });
+  ForEachKey<__u32>(threads_fd, [&](const __u32& tid) {
+    ks_thread t{};
+    if (bpf_map_lookup_elem(threads_fd, &tid, &t) == 0) snap.threads.push_back(t);
+  });
+  const int ncpu = libbpf_num_possible_cpus();
+  if (ncpu <= 0) return Fail(ErrorCode::kInternal, "cannot count the possible CPUs");
+  std::vector<ks_counters> per_cpu(static_cast<size_t>(ncpu));
+  __u32 zero = 0;
+  if (bpf_map_lookup_elem(counters_fd, &zero, per_cpu.data()) != 0) {
+    return Fail(ErrorCode::kIo, fmt::format("reading the BPF counters: {}", std::strerror(errno)));
+  }
+  for (const ks_counters& c : per_cpu) {
+    for (int e = 0; e < KS_EV_COUNT; ++e) snap.counters.records[e] += c.records[e];
+    snap.counters.exits += c.exits;
+    snap.counters.kernel_accesses += c.kernel_accesses;
+    snap.counters.completions += c.completions;
+    snap.counters.unpaired_exits += c.unpaired_exits;
+    snap.counters.entries_without_exit += c.entries_without_exit;
+    snap.counters.children_outside_exit += c.children_outside_exit;
+    snap.counters.keys_full += c.keys_full;
+    snap.counters.buckets_full += c.buckets_full;
+    snap.counters.threads_full += c.threads_full;
+  }
+  return snap;
+}
+
+#else  // !EXITSCOPE_HAVE_BPF
+
+bool BpfKvmStatBuilt() noexcept {
+  return false;
+}
+
+struct BpfKvmStat::Impl {};
+BpfKvmStat::BpfKvmStat(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+BpfKvmStat::~BpfKvmStat() = default;
+
+Result<std::unique_ptr<BpfKvmStat>> BpfKvmStat::Open(const BpfKvmOptions&) {
+  (void)kEvents;
+  (void)kFields;
+  return Fail(ErrorCode::kUnavailable,
+              "this exitscope was built without the BPF program (clang, bpftool, libbpf-dev or "
+              "/sys/kernel/btf/vmlinux missing at configure time)");
+}
+Result<BpfKvmSnapshot> BpfKvmStat::Read() const {
+  return Fail(ErrorCode::kUnavailable, "built without BPF");
+}
+void BpfKvmStat::Detach() noexcept {}
+
+#endif  // EXITSCOPE_HAVE_BPF
+
+}  // namespace exitscope::sources::bpf

@@ -1,0 +1,85 @@
+// sources/bpf/bpf_kvm_stat.h: loads kvm_stat.bpf.c (in-kernel pairing and histograms of KVM
+// exits, `exitscope kvm stat --bpf`) and reads its maps.
+//
+//   auto s = BpfKvmStat::Open({.tgid = vmm_pid});   // loads, attaches the kvm tracepoints
+//   if (!s) ... s.error().message: one line (not built, no BTF, no permission, no kvm events)
+//   auto snap = (*s)->Read();                         // every interval: the maps as they are
+//   (*s)->Detach();  auto last = (*s)->Read();        // at the end: exact, nothing in flight
+//
+// The program keeps, per exit key (BpfKvmKey: VMM pid, thread, vCPU, isa, reason, sub-key,
+// direction, flags), count / sum / min / max / sum of squares and a log-linear histogram with
+// LatencyHistogram's buckets; bpf_kvm_rows.h turns a snapshot into the KvmAnalysis that
+// `kvm report` renders. Tracepoint field offsets are read from tracefs format files at Open(),
+// so the object runs on any kernel layout; tracepoints this kernel lacks are not attached.
+#pragma once
+
+#include <linux/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "exitscope/status.h"
+
+extern "C" {
+#include "sources/bpf/kvm_stat_abi.h"
+}
+
+namespace exitscope::sources::bpf {
+
+// True when this binary was built with the BPF program (clang, bpftool, libbpf and the
+// build host's BTF were found at configure time).
+bool BpfKvmStatBuilt() noexcept;
+
+struct BpfKvmOptions {
+  std::string tracefs_dir;  // for the format files; empty: FindTracefs()
+  uint32_t tgid = 0;        // only this process (the VMM); 0: every process
+};
+
+// One key's samples.
+struct BpfKvmSample {
+  ks_key key{};
+  ks_stats stats{};
+  std::vector<std::pair<uint32_t, uint64_t>> buckets;  // (LatencyHistogram bucket, count)
+  long double sum_squares() const noexcept {
+    return static_cast<long double>(stats.sq_hi) * 18446744073709551616.0L +
+           static_cast<long double>(stats.sq_lo);
+  }
+};
+
+struct BpfKvmSnapshot {
+  std::vector<BpfKvmSample> samples;
+  std::vector<ks_thread> threads;  // every thread seen: the in-flight map (phase != KS_IDLE)
+  ks_counters counters{};          // summed over CPUs
+  uint64_t now_ns = 0;             // CLOCK_MONOTONIC at the read (the program's clock)
+};
+
+class BpfKvmStat {
+ public:
+  // Loads and attaches. Errors: kUnavailable (not built with BPF, no kvm tracepoints, the
+  // kernel refused the program), kPermission (not allowed to load BPF).
+  static Result<std::unique_ptr<BpfKvmStat>> Open(const BpfKvmOptions& options);
+  ~BpfKvmStat();
+  BpfKvmStat(const BpfKvmStat&) = delete;
+  BpfKvmStat& operator=(const BpfKvmStat&) = delete;
+
+  // The maps now. While attached, a key's counts may be one sample apart between its totals
+  // and its buckets (the program updates them one after the other).
+  Result<BpfKvmSnapshot> Read() const;
+  // Detaches every program: the maps stop changing (call before the final Read()).
+  void Detach() noexcept;
+
+  // The tracepoints attached ("kvm_exit", ...), and those this kernel lacks.
+  const std::vector<std::string>& attached() const noexcept { return attached_; }
+  const std::vector<std::string>& missing() const noexcept { return missing_; }
+
+ private:
+  struct Impl;
+  explicit BpfKvmStat(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+  std::vector<std::string> attached_, missing_;
+};
+
+}  // namespace exitscope::sources::bpf

@@ -1,0 +1,688 @@
+// SPDX-License-Identifier: GPL-2.0
+/* sources/bpf/kvm_stat.bpf.c: `exitscope kvm stat --bpf` in the kernel.
+ *
+ * Pairs KVM tracepoint hits into exits per vCPU thread and keeps, per exit key, a count,
+ * sum, min, max, sum of squares and a log-linear histogram with the buckets of
+ * analysis/histogram.h: nothing is streamed to userspace, memory is fixed by the map sizes.
+ *
+ * The pairing is sources/kvm_pairing.cc's KvmPairer, state machine for state machine (read
+ * its header for the kernel's emit order this follows):
+ *   - kvm_exit -> next kvm_entry on the thread (VMX / SVM / PVM hosts that fire them); the
+ *     children between them (kvm_pio, kvm_mmio, kvm_msr, kvm_hypercall, vcpu_match_mmio)
+ *     give the sub-key;
+ *   - where kvm_exit never fires (kvm-pvm): kvm_userspace_exit -> the next kvm_fpu load; a
+ *     run window's last pio_write / mmio write or unsatisfied-read / kvm_hypercall is the
+ *     exit's own access, a read's completion comes first in the next window, every other
+ *     access was handled in the kernel and is counted as such.
+ * The one difference: the window is not kept whole. Accesses that can never be an exit's
+ * own (reads, MSRs) are counted as handled in the kernel when they come, and only the last
+ * candidate of each kind is kept; the counts are the same.
+ *
+ * Field offsets come from the tracepoints' format files (the loader writes them into `cfg`
+ * before load; the verifier sees them as constants), so one object runs on any kernel layout
+ * and both raw-tracepoint prototypes of kvm_exit (with and without exit_reason) are moot:
+ * classic tracepoints carry the same fields on both.
+ */
+#include "vmlinux.h"
+
+#include <bpf/bpf_helpers.h>
+
+#include "kvm_stat_abi.h"
+#include "kvm_stat_hist.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+const volatile struct ks_config cfg = {};
+
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, KS_MAX_KEYS);
+  __type(key, struct ks_key);
+  __type(value, struct ks_stats);
+} ks_stats SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, KS_MAX_BUCKET_ENTRIES);
+  __type(key, struct ks_bucket_key);
+  __type(value, __u64);
+} ks_buckets SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, KS_MAX_THREADS);
+  __type(key, __u32);
+  __type(value, struct ks_thread);
+} ks_threads SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, __u32);
+  __type(value, struct ks_counters);
+} ks_counters SEC(".maps");
+
+/* Initial values of new map entries (the stack is too small for a ks_thread). */
+static const struct ks_thread zero_thread;
+static const struct ks_stats zero_stats;
+
+/* One decoded record (only what `type` defines is set). */
+struct rec {
+  __u64 ts;
+  __u64 addr;
+  __u64 info1, info2;
+  __u32 type;
+  __u32 write;
+  __u32 size;
+  __u32 mmio_type;
+  __u32 exit_reason, isa;
+  __u32 reason;
+  __s32 err;
+  __s32 vcpu_id;
+  __u32 insn_dir;
+};
+
+#define MMIO_UNSATISFIED_READ 0
+#define MMIO_READ 1
+#define MMIO_WRITE 2
+
+#define KVM_EXIT_IO 2
+#define KVM_EXIT_HYPERCALL 3
+#define KVM_EXIT_MMIO 6
+
+static __always_inline struct ks_counters* counters(void) {
+  __u32 zero = 0;
+  return bpf_map_lookup_elem(&ks_counters, &zero);
+}
+
+/* Field `f` of the record at ctx, as the format file places it; 0 when absent. `f` is a
+ * constant at every call, so offset and size are constants to the verifier. */
+static __always_inline __u64 field(void* ctx, int f) {
+  const int off = cfg.offset[f];
+  if (off < 0) return 0;
+  switch (cfg.size[f]) {
+    case 1: {
+      __u8 v = 0;
+      bpf_probe_read_kernel(&v, 1, (char*)ctx + off);
+      return v;
+    }
+    case 2: {
+      __u16 v = 0;
+      bpf_probe_read_kernel(&v, 2, (char*)ctx + off);
+      return v;
+    }
+    case 4: {
+      __u32 v = 0;
+      bpf_probe_read_kernel(&v, 4, (char*)ctx + off);
+      return v;
+    }
+    default: {
+      __u64 v = 0;
+      bpf_probe_read_kernel(&v, 8, (char*)ctx + off);
+      return v;
+    }
+  }
+}
+
+/* Adds one sample of key k (duration d when timed). */
+static __noinline void add_sample(struct ks_thread* t, const struct ks_key* kin, __u64 d,
+                                  int timed) {
+  struct ks_counters* c = counters();
+  struct ks_key k = *kin;
+  k.tgid = t->tgid;
+  k.tid = t->tid;
+  k.vcpu = t->vcpu;
+  k.pad[0] = k.pad[1] = k.pad[2] = 0;
+  struct ks_stats* s = bpf_map_lookup_elem(&ks_stats, &k);
+  if (!s) {
+    bpf_map_update_elem(&ks_stats, &k, &zero_stats, BPF_NOEXIST);
+    s = bpf_map_lookup_elem(&ks_stats, &k);
+    if (!s) {
+      if (c) c->keys_full++;
+      return;
+    }
+  }
+  if (c) {
+    c->exits++;
+    if (k.flags & KS_F_KERNEL_ACCESS) c->kernel_accesses++;
+  }
+  if (!timed) {
+    __sync_fetch_and_add(&s->untimed, 1);
+    return;
+  }
+  __sync_fetch_and_add(&s->timed, 1);
+  __sync_fetch_and_add(&s->sum, d);
+  if (s->timed == 1 || d < s->min) s->min = d; /* one thread per key: no race */
+  if (d > s->max) s->max = d;
+  /* d * d in 128 bits */
+  const __u64 hi = d >> 32, lo = d & 0xffffffffull;
+  const __u64 ll = lo * lo, hl = hi * lo, hh = hi * hi;
+  __u64 sq_lo = ll + (hl << 33);
+  __u64 sq_hi = hh + (hl >> 31) + (sq_lo < ll ? 1 : 0);
+  const __u64 old = s->sq_lo;
+  s->sq_lo = old + sq_lo;
+  s->sq_hi += sq_hi + (s->sq_lo < old ? 1 : 0);
+
+  struct ks_bucket_key bk = {};
+  bk.key = k;
+  bk.bucket = ks_bucket_of(d);
+  __u64* n = bpf_map_lookup_elem(&ks_buckets, &bk);
+  if (n) {
+    __sync_fetch_and_add(n, 1);
+    return;
+  }
+  __u64 one = 1;
+  if (bpf_map_update_elem(&ks_buckets, &bk, &one, BPF_NOEXIST) != 0) {
+    n = bpf_map_lookup_elem(&ks_buckets, &bk);
+    if (n)
+      __sync_fetch_and_add(n, 1);
+    else if (c)
+      c->buckets_full++;
+  }
+}
+
+/* An access handled in the kernel (no exit record of its own): counted, no time. */
+static __always_inline void emit_access(struct ks_thread* t, const struct ks_access* a) {
+  struct ks_key k = {};
+  k.flags = KS_F_KERNEL_ACCESS | KS_F_NOT_TRACED;
+  k.subkind = a->kind;
+  k.subkey = a->key;
+  k.dir = a->dir;
+  k.size = a->size;
+  add_sample(t, &k, 0, 0);
+}
+
+/* Counts the window's candidates as handled in the kernel, but the exit's own (OWN_*). */
+#define OWN_NONE 0
+#define OWN_PIO 1
+#define OWN_MMIO 2
+#define OWN_HC 3
+static __always_inline void emit_candidates(struct ks_thread* t, int own) {
+  if (t->cand_pio.kind && own != OWN_PIO) emit_access(t, &t->cand_pio);
+  if (t->cand_mmio.kind && own != OWN_MMIO) emit_access(t, &t->cand_mmio);
+  if (t->cand_hc.kind && own != OWN_HC) emit_access(t, &t->cand_hc);
+  t->cand_pio.kind = t->cand_mmio.kind = t->cand_hc.kind = 0;
+}
+
+static __always_inline void clear_window(struct ks_thread* t) {
+  struct ks_counters* c = counters();
+  __u64 n = (t->cand_pio.kind != 0) + (t->cand_mmio.kind != 0) + (t->cand_hc.kind != 0);
+  if (c) c->children_outside_exit += n;
+  t->cand_pio.kind = t->cand_mmio.kind = t->cand_hc.kind = 0;
+  t->child.kind = 0;
+}
+
+static __always_inline void set_access(struct ks_access* a, __u8 kind, __u64 key, __u8 dir,
+                                       __u8 size, __u8 unsat) {
+  a->kind = kind;
+  a->key = key;
+  a->dir = dir;
+  a->size = size;
+  a->unsatisfied = unsat;
+}
+
+/* KvmPairer::AddChild (kernel exits). */
+static __always_inline void add_child(struct ks_thread* t, const struct rec* r) {
+  struct ks_access* c = &t->child;
+  switch (r->type) {
+    case KS_EV_PIO:
+      if (!r->write && c->kind == KS_SUB_PORT && c->key == r->addr && c->dir == KS_DIR_READ)
+        break; /* completion of an IN handled before kvm_entry */
+      set_access(c, KS_SUB_PORT, r->addr, r->write ? KS_DIR_WRITE : KS_DIR_READ, r->size, 0);
+      break;
+    case KS_EV_MMIO:
+      if (r->mmio_type == MMIO_READ && c->kind == KS_SUB_MMIO && c->key == r->addr) break;
+      set_access(c, KS_SUB_MMIO, r->addr, r->mmio_type == MMIO_WRITE ? KS_DIR_WRITE : KS_DIR_READ,
+                 r->size, 0);
+      break;
+    case KS_EV_VCPU_MATCH_MMIO:
+      if (c->kind == KS_SUB_NONE)
+        set_access(c, KS_SUB_MMIO, r->addr, r->write ? KS_DIR_WRITE : KS_DIR_READ, 0, 0);
+      break;
+    case KS_EV_MSR:
+      set_access(c, KS_SUB_MSR, r->addr, r->write ? KS_DIR_WRITE : KS_DIR_READ, 8, 0);
+      break;
+    case KS_EV_HYPERCALL:
+      set_access(c, KS_SUB_HYPERCALL, r->addr, KS_DIR_NONE, 0, 0);
+      break;
+    case KS_EV_PAGE_FAULT:
+      if (r->vcpu_id >= 0) t->vcpu = r->vcpu_id;
+      break;
+    default:
+      break;
+  }
+}
+
+/* KvmPairer::ApplyChild. */
+static __always_inline void apply_child(struct ks_thread* t) {
+  const struct ks_access* c = &t->child;
+  if (c->kind == KS_SUB_NONE) return;
+  if (t->ev.subkind == KS_SUB_HYPERCALL && c->kind == KS_SUB_HYPERCALL) return;
+  t->ev.subkind = c->kind;
+  t->ev.subkey = c->key;
+  t->ev.size = c->size;
+  t->ev.dir = c->dir;
+}
+
+static __always_inline void clear_ev(struct ks_key* e, __u32 tid) {
+  __builtin_memset(e, 0, sizeof(*e));
+  e->tid = tid;
+}
+
+static __always_inline void start_kernel_exit(struct ks_thread* t, const struct rec* r, __u32 tid) {
+  struct ks_key* e = &t->ev;
+  clear_ev(e, tid);
+  t->exit_ts = r->ts;
+  t->ev_is_kernel = 1;
+  t->phase = KS_KERNEL_EXIT;
+  t->child.kind = 0;
+  if (r->vcpu_id >= 0) t->vcpu = r->vcpu_id;
+  e->isa = r->isa <= 3 ? r->isa : 0;
+  e->exit_reason = r->exit_reason;
+  e->flags = KS_F_KERNEL_EXIT;
+  if (e->isa == 3 && r->exit_reason == 0x20000) { /* PVM HYPERCALL: raw number in info2 */
+    e->aux = r->info2;
+    e->subkind = KS_SUB_HYPERCALL;
+    e->subkey = r->info2;
+  } else if (e->isa == 1 && (r->exit_reason & 0xffff) == 30) { /* VMX IO_INSTRUCTION */
+    e->subkind = KS_SUB_PORT;
+    e->subkey = (r->info1 >> 16) & 0xffff;
+    e->size = (r->info1 & 7) + 1;
+    e->dir = (r->info1 & 8) ? KS_DIR_READ : KS_DIR_WRITE;
+  } else if (e->isa == 2 && r->exit_reason == 0x7b) { /* SVM IOIO */
+    e->subkind = KS_SUB_PORT;
+    e->subkey = (r->info1 >> 16) & 0xffff;
+    e->size = (r->info1 & 0x10) ? 1 : (r->info1 & 0x20) ? 2 : (r->info1 & 0x40) ? 4 : 0;
+    e->dir = (r->info1 & 1) ? KS_DIR_READ : KS_DIR_WRITE;
+  }
+}
+
+/* KvmPairer::StartUserExit: which candidate is the exit's own access. */
+static __always_inline void start_user_exit(struct ks_thread* t, const struct rec* r, __u32 tid) {
+  struct ks_key* e = &t->ev;
+  clear_ev(e, tid);
+  t->exit_ts = r->ts;
+  t->ev_is_kernel = 0;
+  t->phase = KS_USER_EXIT;
+  e->flags = KS_F_USERSPACE;
+  e->user_reason = r->reason;
+  e->user_err = r->err;
+  t->hold_next = KS_HOLD_NONE;
+  int own = OWN_NONE;
+  if (r->err >= 0 && r->reason == KVM_EXIT_IO) {
+    if (t->insn_dir == KS_DIR_READ) {
+      t->hold_next = KS_HOLD_PIO_READ;
+    } else if (!t->cand_pio.kind) {
+      t->hold_next = KS_HOLD_PIO_READ;
+    } else {
+      own = OWN_PIO;
+      if (t->insn_dir == KS_DIR_NONE) {
+        t->hold_next = KS_HOLD_PIO_MAYBE;
+        t->candidate = t->cand_pio;
+      }
+    }
+  } else if (r->err >= 0 && r->reason == KVM_EXIT_MMIO) {
+    if (t->cand_mmio.kind) {
+      own = OWN_MMIO;
+      if (t->cand_mmio.unsatisfied) t->hold_next = KS_HOLD_MMIO_READ;
+    }
+  } else if (r->err >= 0 && r->reason == KVM_EXIT_HYPERCALL) {
+    if (t->cand_hc.kind) own = OWN_HC;
+  }
+  const struct ks_access* o = own == OWN_PIO    ? &t->cand_pio
+                              : own == OWN_MMIO ? &t->cand_mmio
+                                                : &t->cand_hc;
+  if (own != OWN_NONE) {
+    e->subkind = o->kind;
+    e->subkey = o->key;
+    e->size = o->size;
+    e->dir = o->dir;
+  } else if (t->hold_next == KS_HOLD_PIO_READ) {
+    e->dir = KS_DIR_READ;
+  }
+  emit_candidates(t, own);
+  t->child.kind = 0;
+}
+
+/* KvmPairer::EndExit. */
+static __always_inline void end_exit(struct ks_thread* t, __u64 end_ts) {
+  if (t->ev_is_kernel) apply_child(t);
+  const __u64 d = end_ts > t->exit_ts ? end_ts - t->exit_ts : 0;
+  t->phase = KS_IDLE;
+  t->child.kind = 0;
+  if (!t->ev_is_kernel && t->hold_next != KS_HOLD_NONE) {
+    t->held = t->hold_next;
+    t->held_ev = t->ev;
+    t->held_dur = d;
+    t->hold_next = KS_HOLD_NONE;
+    return;
+  }
+  add_sample(t, &t->ev, d, 1);
+}
+
+/* A kvm_exit on a thread that never showed a kvm_entry: counted, time unknown. */
+static __always_inline void end_not_traced(struct ks_thread* t) {
+  apply_child(t);
+  t->ev.flags |= KS_F_NOT_TRACED;
+  t->phase = KS_IDLE;
+  t->hold_next = KS_HOLD_NONE;
+  t->child.kind = 0;
+  add_sample(t, &t->ev, 0, 0);
+}
+
+static __always_inline void flush_held(struct ks_thread* t) {
+  if (t->held == KS_HOLD_NONE) return;
+  if (t->held == KS_HOLD_PIO_MAYBE) { /* no completion came: the write was the exit's */
+    t->held_ev.subkind = t->candidate.kind;
+    t->held_ev.subkey = t->candidate.key;
+    t->held_ev.size = t->candidate.size;
+    t->held_ev.dir = t->candidate.dir;
+  }
+  t->held = KS_HOLD_NONE;
+  add_sample(t, &t->held_ev, t->held_dur, 1);
+}
+
+static __always_inline int keeps_hold(__u32 type) {
+  return type == KS_EV_FPU || type == KS_EV_VCPU_MATCH_MMIO || type == KS_EV_ENTRY;
+}
+
+/* KvmPairer::ResolveHeld: 1 when r completed the held exit (and is consumed). */
+static __always_inline int resolve_held(struct ks_thread* t, const struct rec* r) {
+  struct ks_counters* c;
+  if (t->held == KS_HOLD_PIO_READ || t->held == KS_HOLD_PIO_MAYBE) {
+    if (r->type == KS_EV_PIO && !r->write && t->window_fresh) {
+      if (t->held == KS_HOLD_PIO_MAYBE) emit_access(t, &t->candidate);
+      t->held_ev.subkind = KS_SUB_PORT;
+      t->held_ev.subkey = r->addr;
+      t->held_ev.size = r->size;
+      t->held_ev.dir = KS_DIR_READ;
+      t->held = KS_HOLD_NONE;
+      c = counters();
+      if (c) c->completions++;
+      add_sample(t, &t->held_ev, t->held_dur, 1);
+      return 1;
+    }
+    if (keeps_hold(r->type)) return 0;
+  } else if (t->held == KS_HOLD_MMIO_READ) {
+    if (r->type == KS_EV_MMIO && r->mmio_type == MMIO_READ && r->addr == t->held_ev.subkey) {
+      t->held = KS_HOLD_NONE;
+      c = counters();
+      if (c) c->completions++;
+      add_sample(t, &t->held_ev, t->held_dur, 1);
+      return 1;
+    }
+    if (keeps_hold(r->type) || r->type == KS_EV_EMULATE_INSN) return 0;
+  }
+  flush_held(t);
+  return 0;
+}
+
+/* A run window's access (no kvm_exit in flight): the last pio_write / mmio write or
+ * unsatisfied-read / hypercall may be the next exit's own; anything else, and a candidate
+ * replaced by a later one, was handled in the kernel. */
+static __always_inline void add_access(struct ks_thread* t, const struct rec* r) {
+  struct ks_access a = {};
+  struct ks_access* slot = 0;
+  switch (r->type) {
+    case KS_EV_PIO:
+      set_access(&a, KS_SUB_PORT, r->addr, r->write ? KS_DIR_WRITE : KS_DIR_READ, r->size, 0);
+      if (r->write) slot = &t->cand_pio;
+      break;
+    case KS_EV_MMIO:
+      set_access(&a, KS_SUB_MMIO, r->addr, r->mmio_type == MMIO_WRITE ? KS_DIR_WRITE : KS_DIR_READ,
+                 r->size, r->mmio_type == MMIO_UNSATISFIED_READ);
+      if (r->mmio_type == MMIO_WRITE || r->mmio_type == MMIO_UNSATISFIED_READ) slot = &t->cand_mmio;
+      break;
+    case KS_EV_MSR:
+      set_access(&a, KS_SUB_MSR, r->addr, r->write ? KS_DIR_WRITE : KS_DIR_READ, 8, 0);
+      break;
+    case KS_EV_HYPERCALL:
+      set_access(&a, KS_SUB_HYPERCALL, r->addr, KS_DIR_NONE, 0, 0);
+      slot = &t->cand_hc;
+      break;
+    default:
+      return;
+  }
+  t->window_fresh = 0;
+  if (!slot) {
+    emit_access(t, &a);
+    return;
+  }
+  if (slot->kind) emit_access(t, slot);
+  *slot = a;
+}
+
+/* IN / INS -> read, OUT / OUTS -> write, else none (KvmPairer's PortInsnDirection). */
+static __always_inline __u32 insn_dir(void* ctx) {
+  const int off = cfg.offset[KS_F_INSN];
+  if (off < 0) return KS_DIR_NONE;
+  __u8 insn[16] = {};
+  bpf_probe_read_kernel(insn, 15, (char*)ctx + off);
+  const __u32 len = (__u32)field(ctx, KS_F_INSN_LEN);
+  for (int i = 0; i < 15; i++) {
+    if ((__u32)i >= len) break;
+    const __u8 b = insn[i];
+    if (b == 0x66 || b == 0x67 || b == 0xf2 || b == 0xf3 || b == 0xf0 || b == 0x2e || b == 0x36 ||
+        b == 0x3e || b == 0x26 || b == 0x64 || b == 0x65 || (b >= 0x40 && b <= 0x4f))
+      continue;
+    if (b == 0xe4 || b == 0xe5 || b == 0xec || b == 0xed || b == 0x6c || b == 0x6d)
+      return KS_DIR_READ;
+    if (b == 0xe6 || b == 0xe7 || b == 0xee || b == 0xef || b == 0x6e || b == 0x6f)
+      return KS_DIR_WRITE;
+    return KS_DIR_NONE;
+  }
+  return KS_DIR_NONE;
+}
+
+/* KvmPairer::Feed for one thread. */
+static __noinline int feed(struct ks_thread* t, const struct rec* r, __u32 tid) {
+  struct ks_counters* c;
+  if (t->held != KS_HOLD_NONE && resolve_held(t, r)) {
+    t->window_fresh = 0;
+    return 0;
+  }
+  switch (r->type) {
+    case KS_EV_EXIT:
+      if (t->phase == KS_KERNEL_EXIT) {
+        if (t->seen_entry) {
+          c = counters();
+          if (c) c->unpaired_exits++;
+        } else {
+          end_not_traced(t);
+        }
+      }
+      if (t->phase == KS_USER_EXIT) end_exit(t, r->ts);
+      clear_window(t);
+      start_kernel_exit(t, r, tid);
+      break;
+    case KS_EV_ENTRY:
+      t->seen_entry = 1;
+      if (t->phase != KS_IDLE) {
+        end_exit(t, r->ts);
+      } else {
+        c = counters();
+        if (c) c->entries_without_exit++;
+        clear_window(t);
+      }
+      break;
+    case KS_EV_USERSPACE_EXIT:
+      if (t->phase == KS_KERNEL_EXIT) {
+        t->ev.flags |= KS_F_USERSPACE;
+        t->ev.user_reason = r->reason;
+        t->ev.user_err = r->err;
+        break;
+      }
+      if (t->phase == KS_USER_EXIT) {
+        c = counters();
+        if (c) c->unpaired_exits++;
+      }
+      start_user_exit(t, r, tid);
+      break;
+    case KS_EV_FPU:
+      if (r->write) { /* load: KVM_RUN entered */
+        if (t->phase == KS_USER_EXIT) {
+          end_exit(t, r->ts);
+        } else if (t->phase == KS_IDLE) {
+          emit_candidates(t, OWN_NONE); /* a window that ended without an exit */
+          t->child.kind = 0;
+        }
+        if (t->phase == KS_IDLE) {
+          t->window_fresh = 1;
+          t->insn_dir = KS_DIR_NONE;
+        }
+      }
+      break;
+    default:
+      if (t->phase == KS_KERNEL_EXIT) {
+        add_child(t, r);
+        break;
+      }
+      if (r->type == KS_EV_PIO || r->type == KS_EV_MMIO || r->type == KS_EV_MSR ||
+          r->type == KS_EV_HYPERCALL) {
+        add_access(t, r);
+      } else if (r->type == KS_EV_EMULATE_INSN) {
+        t->insn_dir = r->insn_dir;
+        t->window_fresh = 0;
+      } else if (r->type == KS_EV_PAGE_FAULT && r->vcpu_id >= 0) {
+        t->vcpu = r->vcpu_id;
+      }
+      break;
+  }
+  return 0;
+}
+
+/* Common entry: filter, thread state, decode, feed. */
+static __always_inline int handle(void* ctx, __u32 type) {
+  const __u64 pid_tgid = bpf_get_current_pid_tgid();
+  const __u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
+  if (cfg.target_tgid && tgid != cfg.target_tgid) return 0;
+  struct ks_counters* c = counters();
+  if (c && type < KS_EV_COUNT) c->records[type]++;
+  struct ks_thread* t = bpf_map_lookup_elem(&ks_threads, &tid);
+  if (!t) {
+    bpf_map_update_elem(&ks_threads, &tid, &zero_thread, BPF_NOEXIST);
+    t = bpf_map_lookup_elem(&ks_threads, &tid);
+    if (!t) {
+      if (c) c->threads_full++;
+      return 0;
+    }
+  }
+  if (t->first_ts == 0) { /* new thread */
+    t->first_ts = bpf_ktime_get_ns();
+    t->tid = tid;
+    t->vcpu = -1;
+    t->window_fresh = 1;
+  }
+  t->tgid = tgid;
+
+  struct rec r = {};
+  r.ts = bpf_ktime_get_ns();
+  r.type = type;
+  r.vcpu_id = -1;
+  switch (type) {
+    case KS_EV_EXIT:
+      r.exit_reason = (__u32)field(ctx, KS_F_EXIT_REASON);
+      r.isa = (__u32)field(ctx, KS_F_EXIT_ISA);
+      r.info1 = field(ctx, KS_F_EXIT_INFO1);
+      r.info2 = field(ctx, KS_F_EXIT_INFO2);
+      if (cfg.offset[KS_F_EXIT_VCPU] >= 0) r.vcpu_id = (__s32)field(ctx, KS_F_EXIT_VCPU);
+      if (r.vcpu_id >= 0) t->vcpu = r.vcpu_id;
+      break;
+    case KS_EV_ENTRY:
+      if (cfg.offset[KS_F_ENTRY_VCPU] >= 0) r.vcpu_id = (__s32)field(ctx, KS_F_ENTRY_VCPU);
+      if (r.vcpu_id >= 0) t->vcpu = r.vcpu_id;
+      break;
+    case KS_EV_USERSPACE_EXIT:
+      r.reason = (__u32)field(ctx, KS_F_UEXIT_REASON);
+      r.err = (__s32)field(ctx, KS_F_UEXIT_ERRNO);
+      break;
+    case KS_EV_FPU:
+      r.write = (__u32)field(ctx, KS_F_FPU_LOAD);
+      break;
+    case KS_EV_PIO:
+      r.write = (__u32)field(ctx, KS_F_PIO_RW);
+      r.addr = field(ctx, KS_F_PIO_PORT);
+      r.size = (__u32)field(ctx, KS_F_PIO_SIZE);
+      break;
+    case KS_EV_MMIO:
+      r.mmio_type = (__u32)field(ctx, KS_F_MMIO_TYPE);
+      r.size = (__u32)field(ctx, KS_F_MMIO_LEN);
+      r.addr = field(ctx, KS_F_MMIO_GPA);
+      r.write = r.mmio_type == MMIO_WRITE;
+      break;
+    case KS_EV_MSR:
+      r.write = (__u32)field(ctx, KS_F_MSR_WRITE);
+      r.addr = (__u32)field(ctx, KS_F_MSR_ECX);
+      break;
+    case KS_EV_HYPERCALL:
+      r.addr = field(ctx, KS_F_HC_NR);
+      break;
+    case KS_EV_EMULATE_INSN:
+      r.insn_dir = insn_dir(ctx);
+      break;
+    case KS_EV_VCPU_MATCH_MMIO:
+      r.addr = field(ctx, KS_F_VMM_GPA);
+      r.write = (__u32)field(ctx, KS_F_VMM_WRITE);
+      break;
+    case KS_EV_PAGE_FAULT:
+      if (cfg.offset[KS_F_PF_VCPU] >= 0) r.vcpu_id = (__s32)field(ctx, KS_F_PF_VCPU);
+      if (r.vcpu_id >= 0) t->vcpu = r.vcpu_id;
+      break;
+    default:
+      break;
+  }
+  return feed(t, &r, tid);
+}
+
+SEC("tracepoint/kvm/kvm_exit")
+int ks_kvm_exit(void* ctx) {
+  return handle(ctx, KS_EV_EXIT);
+}
+SEC("tracepoint/kvm/kvm_entry")
+int ks_kvm_entry(void* ctx) {
+  return handle(ctx, KS_EV_ENTRY);
+}
+SEC("tracepoint/kvm/kvm_userspace_exit")
+int ks_kvm_userspace_exit(void* ctx) {
+  return handle(ctx, KS_EV_USERSPACE_EXIT);
+}
+SEC("tracepoint/kvm/kvm_fpu")
+int ks_kvm_fpu(void* ctx) {
+  return handle(ctx, KS_EV_FPU);
+}
+SEC("tracepoint/kvm/kvm_pio")
+int ks_kvm_pio(void* ctx) {
+  return handle(ctx, KS_EV_PIO);
+}
+SEC("tracepoint/kvm/kvm_mmio")
+int ks_kvm_mmio(void* ctx) {
+  return handle(ctx, KS_EV_MMIO);
+}
+SEC("tracepoint/kvm/kvm_msr")
+int ks_kvm_msr(void* ctx) {
+  return handle(ctx, KS_EV_MSR);
+}
+SEC("tracepoint/kvm/kvm_hypercall")
+int ks_kvm_hypercall(void* ctx) {
+  return handle(ctx, KS_EV_HYPERCALL);
+}
+SEC("tracepoint/kvm/kvm_emulate_insn")
+int ks_kvm_emulate_insn(void* ctx) {
+  return handle(ctx, KS_EV_EMULATE_INSN);
+}
+SEC("tracepoint/kvm/vcpu_match_mmio")
+int ks_vcpu_match_mmio(void* ctx) {
+  return handle(ctx, KS_EV_VCPU_MATCH_MMIO);
+}
+SEC("tracepoint/kvm/kvm_page_fault")
+int ks_kvm_page_fault(void* ctx) {
+  return handle(ctx, KS_EV_PAGE_FAULT);
+}
+SEC("tracepoint/kvm/kvm_inj_exception")
+int ks_kvm_inj_exception(void* ctx) {
+  return handle(ctx, KS_EV_INJ_EXCEPTION);
+}
+SEC("tracepoint/kvm/kvm_cpuid")
+int ks_kvm_cpuid(void* ctx) {
+  return handle(ctx, KS_EV_CPUID);
+}

@@ -1,0 +1,289 @@
+// End to end, on this machine's KVM: `exitscope kvm stat --bpf` (the in-kernel aggregation of
+// src/sources/bpf) counts the same exits as the VMM itself and as the tracefs path, for the
+// same guest run. One run is seen three ways at once:
+//
+//   exitscope kvm record -o F -- exitscope kvm stat --bpf --format json --event E
+//       -- exitscope run --guest G ...        (one command line)
+//
+// `kvm record` streams the kvm tracepoints of its process tree from tracefs into F (then
+// `kvm report -i F` pairs them in userspace), `kvm stat --bpf` pairs them in the kernel for
+// the VMM's process, and the VMM prints its own per-kind counts. Per reason (--event
+// userspace) and per port / MMIO address (--event ioport|mmio) the counts must be equal.
+// Skips with the reason printed without /dev/kvm, without tracefs or where BPF is not
+// possible (not built, no BTF, no permission).
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "sources/tracefs_session.h"
+
+namespace exitscope::sources {
+namespace {
+
+const std::string kBin = std::string(EXITSCOPE_BINARY_DIR) + "/exitscope";
+
+struct Ran {
+  int status = -1;
+  std::string out, err;
+};
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+Ran RunCmd(const std::vector<std::string>& argv) {
+  char out_tmpl[] = "/tmp/exitscope-bpf-out-XXXXXX";
+  char err_tmpl[] = "/tmp/exitscope-bpf-err-XXXXXX";
+  const int out = ::mkstemp(out_tmpl), err = ::mkstemp(err_tmpl);
+  Ran r;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(out, 1);
+    ::dup2(err, 2);
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  r.out = ReadFile(out_tmpl);
+  r.err = ReadFile(err_tmpl);
+  ::close(out);
+  ::close(err);
+  ::unlink(out_tmpl);
+  ::unlink(err_tmpl);
+  return r;
+}
+
+// The kvm report JSON document in `text`: one line (kvm stat) or the whole text (kvm report).
+nlohmann::json ReportJson(const std::string& text) {
+  const auto is_report = [](const nlohmann::json& j) {
+    return j.is_object() && j.contains("schema") && j.contains("all");
+  };
+  if (auto j = nlohmann::json::parse(text, nullptr, false); is_report(j)) return j;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] != '{') continue;
+    if (auto j = nlohmann::json::parse(line, nullptr, false); is_report(j)) return j;
+  }
+  return nlohmann::json();
+}
+
+struct Counts {
+  uint64_t samples = 0, to_vmm = 0, in_kernel = 0;
+  bool operator==(const Counts&) const = default;
+};
+std::ostream& operator<<(std::ostream& os, const Counts& c) {
+  return os << "{samples " << c.samples << ", to_vmm " << c.to_vmm << ", in_kernel " << c.in_kernel
+            << "}";
+}
+
+// Rows of a kvm report JSON by key, plus the exits open at end by key.
+std::map<std::string, Counts> Rows(const nlohmann::json& j) {
+  std::map<std::string, Counts> rows;
+  for (const auto& r : j.at("all").at("rows")) {
+    rows[r.at("key").get<std::string>()] = {r.at("samples").get<uint64_t>(),
+                                            r.at("to_vmm").get<uint64_t>(),
+                                            r.at("in_kernel").get<uint64_t>()};
+  }
+  return rows;
+}
+std::map<std::string, uint64_t> OpenAtEnd(const nlohmann::json& j) {
+  std::map<std::string, uint64_t> open;
+  for (const auto& e : j.at("open_at_end")) ++open[e.at("key").get<std::string>()];
+  return open;
+}
+
+// The VMM's own counts of one vCPU run: "exits: N (io A, mmio B, hlt C, intr D)".
+struct VmmCounts {
+  uint64_t exits = 0, io = 0, mmio = 0, hlt = 0, intr = 0;
+};
+VmmCounts VmmOwn(const std::string& err) {
+  VmmCounts c;
+  const std::regex re(R"(exits: (\d+) \(io (\d+), mmio (\d+), hlt (\d+), intr (\d+)\))");
+  for (std::sregex_iterator it(err.begin(), err.end(), re), end; it != end; ++it) {
+    c.exits += std::stoull((*it)[1]);
+    c.io += std::stoull((*it)[2]);
+    c.mmio += std::stoull((*it)[3]);
+    c.hlt += std::stoull((*it)[4]);
+    c.intr += std::stoull((*it)[5]);
+  }
+  return c;
+}
+
+class BpfKvmStatTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::access(kBin.c_str(), X_OK) != 0) GTEST_SKIP() << kBin << " not built";
+    const int fd = ::open("/dev/kvm", O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+      GTEST_SKIP() << "/dev/kvm not available: " << std::strerror(errno)
+                   << " (these tests run real guests)";
+    }
+    ::close(fd);
+    ::unsetenv("EXITSCOPE_TRACEFS");
+    auto dir = FindTracefs();
+    if (!dir) GTEST_SKIP() << "tracefs not usable: " << dir.error().message;
+    tracefs_ = *dir;
+    // Is BPF possible here? The command says so in one line when it is not.
+    Ran probe = RunCmd({kBin, "kvm", "stat", "--bpf", "--duration", "0.05", "--format", "json"});
+    if (probe.err.find("--bpf not possible here") != std::string::npos) {
+      GTEST_SKIP() << probe.err;
+    }
+    ASSERT_EQ(probe.status, 0) << probe.out << probe.err;
+    auto s = TracefsSettings::Capture(tracefs_, {"kvm"});
+    ASSERT_TRUE(s) << s.error().message;
+    before_ = std::make_unique<TracefsSettings>(std::move(*s));
+    char tmpl[] = "/tmp/exitscope-bpf-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    tmp_ = tmpl;
+  }
+  void TearDown() override {
+    if (before_) {
+      auto after = TracefsSettings::Capture(tracefs_, {"kvm"});
+      ASSERT_TRUE(after);
+      EXPECT_EQ(before_->Diff(*after), std::vector<std::string>{}) << "tracefs not restored";
+    }
+    if (!tmp_.empty()) {
+      for (const char* f : {"/guest.dat", "/serial.txt", "/disk.img"}) ::unlink((tmp_ + f).c_str());
+      ::rmdir(tmp_.c_str());
+    }
+  }
+
+  // One guest run seen by the VMM, by `kvm stat --bpf` and by `kvm record` + `kvm report`.
+  struct Seen {
+    nlohmann::json bpf, tracefs;
+    VmmCounts vmm;
+  };
+  Seen RunGuest(const std::string& guest, const std::string& arg, const std::string& event) {
+    Seen s;
+    const std::string dat = tmp_ + "/guest.dat";
+    std::vector<std::string> cmd = {kBin,       "kvm",
+                                    "record",   "-o",
+                                    dat,        "--",
+                                    kBin,       "kvm",
+                                    "stat",     "--bpf",
+                                    "--format", "json",
+                                    "--event",  event,
+                                    "--",       kBin,
+                                    "run",      "--guest",
+                                    guest,      "--vcpus",
+                                    "1",        "--no-dump",
+                                    "--serial", tmp_ + "/serial.txt",
+                                    "--disk",   tmp_ + "/disk.img"};
+    if (!arg.empty()) {
+      cmd.push_back("--guest-arg");
+      cmd.push_back(arg);
+    }
+    Ran r = RunCmd(cmd);
+    EXPECT_EQ(r.status, 0) << r.out << r.err;
+    EXPECT_EQ(r.err.find("not possible"), std::string::npos) << r.err;
+    s.bpf = ReportJson(r.out);
+    s.vmm = VmmOwn(r.err);
+    EXPECT_GT(s.vmm.exits, 0u) << r.err;
+    Ran rep = RunCmd({kBin, "kvm", "report", "-i", dat, "--format", "json", "--event", event});
+    EXPECT_EQ(rep.status, 0) << rep.err;
+    s.tracefs = ReportJson(rep.out);
+    EXPECT_FALSE(s.bpf.is_null()) << r.out;
+    EXPECT_FALSE(s.tracefs.is_null()) << rep.out;
+    return s;
+  }
+
+  // Per reason: each KVM_EXIT_* row (plus the exits of that reason open at the end) is the
+  // VMM's own count of that kind, and every row equals the tracefs path's.
+  void CheckReasons(const std::string& guest, const std::string& arg) {
+    SCOPED_TRACE(guest);
+    Seen s = RunGuest(guest, arg, "userspace");
+    if (HasFailure()) return;
+    const auto bpf = Rows(s.bpf), tfs = Rows(s.tracefs);
+    const auto bpf_open = OpenAtEnd(s.bpf), tfs_open = OpenAtEnd(s.tracefs);
+    EXPECT_EQ(bpf, tfs) << s.bpf.dump() << "\n" << s.tracefs.dump();
+    EXPECT_EQ(bpf_open, tfs_open);
+    const auto count = [&](const std::string& k) {
+      const auto it = bpf.find(k);
+      const auto o = bpf_open.find(k);
+      return (it != bpf.end() ? it->second.samples : 0) + (o != bpf_open.end() ? o->second : 0);
+    };
+    EXPECT_EQ(count("IO"), s.vmm.io);
+    EXPECT_EQ(count("MMIO"), s.vmm.mmio);
+    EXPECT_EQ(count("HLT"), s.vmm.hlt);
+  }
+
+  // Per port (ioport) or address (mmio): every row equals the tracefs path's, accesses that
+  // reached the VMM add up to its own count, the others were handled in the kernel.
+  void CheckKeys(const std::string& guest, const std::string& arg, const std::string& event) {
+    SCOPED_TRACE(guest + " --event " + event);
+    Seen s = RunGuest(guest, arg, event);
+    if (HasFailure()) return;
+    const auto bpf = Rows(s.bpf), tfs = Rows(s.tracefs);
+    EXPECT_EQ(bpf, tfs) << s.bpf.dump() << "\n" << s.tracefs.dump();
+    EXPECT_EQ(OpenAtEnd(s.bpf), OpenAtEnd(s.tracefs));
+    EXPECT_FALSE(bpf.empty());
+    uint64_t to_vmm = 0;
+    for (const auto& [k, c] : bpf) to_vmm += c.to_vmm;
+    for (const auto& [k, n] : OpenAtEnd(s.bpf)) to_vmm += n;
+    EXPECT_EQ(to_vmm, event == "ioport" ? s.vmm.io : s.vmm.mmio) << s.bpf.dump();
+  }
+
+  std::string tracefs_, tmp_;
+  std::unique_ptr<TracefsSettings> before_;
+};
+
+TEST_F(BpfKvmStatTest, MmioStormReasonsEqualTheVmmsAndTracefsCounts) {
+  CheckReasons("mmio-storm", "2000");
+}
+
+TEST_F(BpfKvmStatTest, MmioStormPortsAndAddressesEqualTheVmmsAndTracefsCounts) {
+  CheckKeys("mmio-storm", "2000", "ioport");
+  CheckKeys("mmio-storm", "2000", "mmio");
+}
+
+TEST_F(BpfKvmStatTest, BlkReasonsEqualTheVmmsAndTracefsCounts) {
+  CheckReasons("blk", "");
+}
+
+TEST_F(BpfKvmStatTest, BlkPortsAndAddressesEqualTheVmmsAndTracefsCounts) {
+  CheckKeys("blk", "", "ioport");
+  CheckKeys("blk", "", "mmio");
+}
+
+// Bad usage gets one line and status 2, as every subcommand.
+TEST(BpfKvmStatCli, BadUsageGetsOneLine) {
+  if (::access(kBin.c_str(), X_OK) != 0) GTEST_SKIP() << kBin << " not built";
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{kBin, "kvm", "stat", "--bpf", "--event", "nope"},
+        std::vector<std::string>{kBin, "kvm", "stat", "--bpf", "-d", "-1"},
+        std::vector<std::string>{kBin, "kvm", "stat", "--bpf", "--format", "xml"},
+        std::vector<std::string>{kBin, "kvm", "stat", "--bpf", "-p", "1", "--", "true"}}) {
+    Ran r = RunCmd(args);
+    EXPECT_EQ(r.status, 2) << args.back() << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_EQ(r.err.rfind("exitscope kvm stat: ", 0), 0u) << r.err;
+  }
+  Ran help = RunCmd({kBin, "help", "kvm", "stat"});
+  EXPECT_EQ(help.status, 0) << help.err;
+  EXPECT_NE(help.out.find("--bpf"), std::string::npos) << help.out;
+}
+
+}  // namespace
+}  // namespace exitscope::sources

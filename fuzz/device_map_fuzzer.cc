@@ -6,7 +6,7 @@
 #include "fuzz_target.h"
 #include "sources/kvm_device_map.h"
 
-using exitscope::Direction;
+using exitscope::AccessDir;
 using exitscope::SubKeyKind;
 using exitscope::sources::KvmDeviceMap;
 
@@ -18,8 +18,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (const uint64_t addr :
        {0x0ull, 0x3f8ull, 0x3fdull, 0xcf8ull, 0xfebf0000ull, 0xfebf1008ull, ~0ull}) {
     for (const auto kind : {SubKeyKind::kPort, SubKeyKind::kMmio, SubKeyKind::kMsr}) {
-      (void)(*m)->Resolve(kind, addr, 4, Direction::kWrite, &device, &reg);
-      (void)(*m)->Resolve(kind, addr, 1, Direction::kRead, &device, &reg);
+      (void)(*m)->Resolve(kind, addr, 4, AccessDir::kWrite, &device, &reg);
+      (void)(*m)->Resolve(kind, addr, 1, AccessDir::kRead, &device, &reg);
     }
   }
   return 0;

@@ -141,7 +141,7 @@ bool KvmAggregator::Classify(const ExitEvent& e, Key* key) const {
 
 std::string KvmAggregator::KeyText(const Key& key, const ExitEvent& e) const {
   (void)e;
-  const bool write = key.dir == static_cast<uint8_t>(Direction::kWrite);
+  const bool write = key.dir == static_cast<uint8_t>(AccessDir::kWrite);
   switch (options_.event) {
     case KvmEventClass::kVmexit:
     case KvmEventClass::kUserspace:

@@ -32,18 +32,6 @@ std::string_view ToString(SubKeyKind k) noexcept {
   return "none";
 }
 
-std::string_view ToString(Direction d) noexcept {
-  switch (d) {
-    case Direction::kRead:
-      return "read";
-    case Direction::kWrite:
-      return "write";
-    case Direction::kNone:
-      break;
-  }
-  return "none";
-}
-
 std::string_view ToString(ExitEnd e) noexcept {
   switch (e) {
     case ExitEnd::kOpenAtEnd:
@@ -54,34 +42,6 @@ std::string_view ToString(ExitEnd e) noexcept {
       break;
   }
   return "seen";
-}
-
-std::string_view ToString(DeviceEventKind k) noexcept {
-  switch (k) {
-    case DeviceEventKind::kIoSubmit:
-      return "io_submit";
-    case DeviceEventKind::kIoComplete:
-      return "io_complete";
-    case DeviceEventKind::kQueueFull:
-      return "queue_full";
-    case DeviceEventKind::kBackendError:
-      return "backend_error";
-    case DeviceEventKind::kNote:
-      break;
-  }
-  return "note";
-}
-
-std::string_view ToString(FindingKind k) noexcept {
-  switch (k) {
-    case FindingKind::kStuckExitBegin:
-      return "stuck_exit";
-    case FindingKind::kStuckExitEnd:
-      return "stuck_exit_end";
-    case FindingKind::kAgedIo:
-      break;
-  }
-  return "aged_io";
 }
 
 }  // namespace exitscope

@@ -5,11 +5,21 @@
 // the call: sinks copy what they keep. String fields are views into storage the source owns
 // and keeps alive until the source is destroyed (interned names), so no event costs a heap
 // allocation. Timestamps are nanoseconds on the capture's clock, named by Capture::clock.
+//
+// The enums that describe an access, a device event and a finding are the public ones of the
+// recorder (exitscope/exit_record.h AccessDir, exitscope/device_events.h DeviceEventType,
+// exitscope/watchdog.h FindingType), with their ToString spellings ("write", "io-submit",
+// "stuck-exit"): one definition and one spelling for dumps, traces and every report.
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
+
+#include "exitscope/device_events.h"
+#include "exitscope/exit_record.h"
+#include "exitscope/watchdog.h"
 
 namespace exitscope {
 
@@ -20,10 +30,10 @@ enum class Isa : uint8_t { kUnknown = 0, kVmx = 1, kSvm = 2, kPvm = 3 };
 // hypercall number.
 enum class SubKeyKind : uint8_t { kNone = 0, kPort, kMmio, kMsr, kHypercall };
 
-enum class Direction : uint8_t { kNone = 0, kRead, kWrite };
-
-// How much of an exit's time the source saw. Anything but kSeen means duration_ns is 0 and
-// unknown: analyses count such an event but keep it out of every time column.
+// How much of an exit's time the source saw. Anything but kSeen means duration_ns is not the
+// exit's time: analyses count such an event but keep it out of every time column. (A kernel
+// trace leaves it 0; a recorder dump's exit in progress at snapshot time carries the time
+// spent so far, a lower bound.)
 enum class ExitEnd : uint8_t {
   kSeen = 0,   // start and end seen: duration_ns is the exit's time
   kOpenAtEnd,  // started, and the trace ended before the vCPU re-entered the guest
@@ -42,14 +52,20 @@ struct ExitEvent {
   SubKeyKind subkey_kind = SubKeyKind::kNone;
   uint64_t subkey = 0;
   uint8_t size = 0;  // access size in bytes, 0 when none
-  Direction dir = Direction::kNone;
+  AccessDir dir = AccessDir::kNone;
   bool userspace = false;   // the exit reached the VMM
   std::string_view device;  // resolved device name, empty when unknown / unassigned
   std::string_view reg;     // resolved register ("SQ1TDBL", "CC+2"), empty when none
+  // Offset of subkey inside the device's range when the source knows the range (recorder
+  // dumps), so an access with no register there still has a place ("nvme0+0x2000");
+  // kNoOffset elsewhere.
+  static constexpr uint64_t kNoOffset = std::numeric_limits<uint64_t>::max();
+  uint64_t device_offset = kNoOffset;
   // Set by kernel-side (kvm trace) sources; zero / empty elsewhere.
   uint32_t tid = 0;              // host thread that ran the vCPU
   uint64_t guest_rip = 0;        // guest RIP at the exit when known
-  uint64_t value = 0;            // value written / read (port, MMIO, MSR data) when known
+  uint64_t value = 0;            // value written / read (port, MMIO, MSR data) when known;
+                                 // from a dump only when flags has kExitFlagValue
   std::string_view user_reason;  // KVM_EXIT_* name without prefix ("IO", "MMIO", "HLT") when
                                  // the exit reached userspace
   bool failed_vmentry = false;   // VMX exit_reason bit 31 / PVM FAILED_VMENTRY
@@ -60,39 +76,32 @@ struct ExitEvent {
   // false, end is kNotTraced. Exit tables skip it; access tables (ioport, mmio, ...) count it
   // as handled in the kernel.
   bool kernel_access = false;
-};
-
-enum class DeviceEventKind : uint8_t {
-  kIoSubmit = 0,
-  kIoComplete,
-  kQueueFull,
-  kBackendError,
-  kNote,
+  // Set by recorder dumps; kUnknown / 0 elsewhere.
+  ExitKind kind = ExitKind::kUnknown;  // the recorder's kind (reason is ToString(kind))
+  uint8_t flags = 0;  // the recorder's ExitFlags: kExitFlagValue (value is guest data),
+                      // kExitFlagSlow (reached the slow-exit threshold), kExitFlagStalled
+                      // (the watchdog saw it stuck), kExitFlagNoEnd
 };
 
 // A device-side event: an I/O submitted or completed (matched by io_id), a full queue, a
 // backend error, or a free-form note.
 struct DeviceEvent {
   uint64_t time_ns = 0;
-  DeviceEventKind kind = DeviceEventKind::kNote;
+  DeviceEventType type = DeviceEventType::kNote;
   std::string_view device;
   uint64_t io_id = 0;
   int64_t status = 0;  // completion status / errno for errors
   std::string_view note;
 };
 
-enum class FindingKind : uint8_t {
-  kStuckExitBegin = 0,  // a vCPU has been in one exit longer than the threshold, still inside
-  kStuckExitEnd,        // that exit ended; duration_ns is its total
-  kAgedIo,              // an I/O has been in flight longer than the I/O threshold
-};
-
-// A watchdog finding.
+// A watchdog finding: a vCPU stuck in an exit (kStuckExitBegin while still inside,
+// kStuckExitEnd when it ended), an I/O in flight too long (kAgedIo), a slow exit (kSlowExit).
 struct Finding {
   uint64_t time_ns = 0;
-  FindingKind kind = FindingKind::kStuckExitBegin;
-  uint32_t vcpu = 0;
-  uint64_t duration_ns = 0;
+  FindingType type = FindingType::kStuckExitBegin;
+  uint32_t vcpu = 0;  // the exit's vCPU (not kAgedIo)
+  uint64_t duration_ns =
+      0;  // so far (kStuckExitBegin, kAgedIo) or total (kStuckExitEnd, kSlowExit)
   std::string_view device;
   std::string_view reg;
   uint64_t io_id = 0;
@@ -120,8 +129,5 @@ struct Capture {
 namespace exitscope {
 std::string_view ToString(Isa isa) noexcept;
 std::string_view ToString(SubKeyKind k) noexcept;
-std::string_view ToString(Direction d) noexcept;
 std::string_view ToString(ExitEnd e) noexcept;
-std::string_view ToString(DeviceEventKind k) noexcept;
-std::string_view ToString(FindingKind k) noexcept;
 }  // namespace exitscope

@@ -91,7 +91,7 @@ class KvmDeviceResolver {
   virtual ~KvmDeviceResolver() = default;
   // Returns false when the address is in no known device. `dir` picks between registers
   // sharing an offset (16550 RBR read / THR write).
-  virtual bool Resolve(SubKeyKind kind, uint64_t addr, uint32_t size, Direction dir,
+  virtual bool Resolve(SubKeyKind kind, uint64_t addr, uint32_t size, AccessDir dir,
                        std::string_view* device, std::string_view* reg) const = 0;
 };
 
@@ -157,7 +157,7 @@ class KvmPairer {
     SubKeyKind kind = SubKeyKind::kNone;
     uint64_t key = 0;
     uint8_t size = 0;
-    Direction dir = Direction::kNone;
+    AccessDir dir = AccessDir::kNone;
     uint64_t value = 0;
     uint64_t rip = 0;
   };
@@ -168,7 +168,7 @@ class KvmPairer {
     uint64_t value = 0;
     uint64_t rip = 0;  // of the last kvm_emulate_insn before it, 0 when none
     SubKeyKind kind = SubKeyKind::kNone;
-    Direction dir = Direction::kNone;
+    AccessDir dir = AccessDir::kNone;
     uint8_t size = 0;
     bool unsatisfied = false;  // kvm_mmio unsatisfied-read
   };
@@ -197,7 +197,7 @@ class KvmPairer {
     std::vector<Access> window;
     bool window_fresh = true;  // no kvm_emulate_insn and no access since the last re-entry
     uint64_t last_rip = 0;     // of the window's last kvm_emulate_insn
-    Direction insn_dir = Direction::kNone;  // IN / OUT of the window's last kvm_emulate_insn
+    AccessDir insn_dir = AccessDir::kNone;  // IN / OUT of the window's last kvm_emulate_insn
     Hold hold_next = Hold::kNone;           // what the exit being built will wait for once ended
     Access candidate;                       // the pio_write of a kPioMaybe exit
     // A finished exit waiting for the next window's first records.

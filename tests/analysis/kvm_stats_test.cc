@@ -19,7 +19,7 @@ ExitEvent Exit(std::string_view reason, uint64_t dur, uint32_t vcpu = 0, uint32_
   e.tid = vm * 10 + vcpu;
   return e;
 }
-ExitEvent Port(uint16_t port, Direction dir, uint64_t dur, uint32_t vcpu = 0) {
+ExitEvent Port(uint16_t port, AccessDir dir, uint64_t dur, uint32_t vcpu = 0) {
   ExitEvent e = Exit("IO", dur, vcpu);
   e.subkey_kind = SubKeyKind::kPort;
   e.subkey = port;
@@ -62,9 +62,9 @@ TEST(KvmStats, VmexitRowsByReasonWithPerfStatistics) {
 
 TEST(KvmStats, IoportKeysAsPerf) {
   KvmAggregator agg({.event = KvmEventClass::kIoport});
-  agg.OnExit(Port(0x3f8, Direction::kWrite, 100));
-  agg.OnExit(Port(0x3f8, Direction::kWrite, 300));
-  agg.OnExit(Port(0x3fd, Direction::kRead, 200));
+  agg.OnExit(Port(0x3f8, AccessDir::kWrite, 100));
+  agg.OnExit(Port(0x3f8, AccessDir::kWrite, 300));
+  agg.OnExit(Port(0x3fd, AccessDir::kRead, 200));
   agg.OnExit(Exit("HLT", 5000));  // not an ioport exit
   agg.Finish();
   const KvmAnalysis& a = agg.analysis();
@@ -80,13 +80,13 @@ TEST(KvmStats, MmioMsrHypercallAndUserspaceKeys) {
   ExitEvent mmio = Exit("EPT_MISCONFIG", 10);
   mmio.subkey_kind = SubKeyKind::kMmio;
   mmio.subkey = 0xfebf1008;
-  mmio.dir = Direction::kWrite;
+  mmio.dir = AccessDir::kWrite;
   mmio.device = "nvme0";
   mmio.reg = "SQ1TDBL";
   ExitEvent msr = Exit("MSR_WRITE", 20);
   msr.subkey_kind = SubKeyKind::kMsr;
   msr.subkey = 0x6e0;
-  msr.dir = Direction::kWrite;
+  msr.dir = AccessDir::kWrite;
   ExitEvent hc = Exit("HC_WRMSR", 30);
   hc.subkey_kind = SubKeyKind::kHypercall;
   hc.subkey = 0x17088208;

@@ -174,7 +174,7 @@ TEST(KvmReport, AccessesHandledInTheKernelAreCountedApartAndUntimed) {
     w.reason = "PIO";
     w.subkey_kind = SubKeyKind::kPort;
     w.subkey = 0x70;
-    w.dir = Direction::kWrite;
+    w.dir = AccessDir::kWrite;
     w.kernel_access = true;
     w.end = ExitEnd::kNotTraced;
     agg.OnExit(w);
@@ -182,14 +182,14 @@ TEST(KvmReport, AccessesHandledInTheKernelAreCountedApartAndUntimed) {
     r.userspace = true;
     r.subkey_kind = SubKeyKind::kPort;
     r.subkey = 0x71;
-    r.dir = Direction::kRead;
+    r.dir = AccessDir::kRead;
     agg.OnExit(r);
   }
   ExitEvent open = Exit("IO", 0);
   open.userspace = true;
   open.subkey_kind = SubKeyKind::kPort;
   open.subkey = 0xf4;
-  open.dir = Direction::kWrite;
+  open.dir = AccessDir::kWrite;
   open.end = ExitEnd::kOpenAtEnd;
   open.start_ns = 777;
   agg.OnExit(open);

@@ -167,10 +167,10 @@ TEST_F(KvmAttribution, QemuSequenceOfIssue7GivesEachPortItsOwnExit) {
 
   const std::vector<Got> exits = sink.Exits();
   ASSERT_EQ(exits.size(), 13u);
-  const std::vector<std::pair<uint64_t, Direction>> want = {{0x80, Direction::kWrite},
-                                                            {0x71, Direction::kRead},
-                                                            {0x3fd, Direction::kRead},
-                                                            {0x402, Direction::kWrite}};
+  const std::vector<std::pair<uint64_t, AccessDir>> want = {{0x80, AccessDir::kWrite},
+                                                            {0x71, AccessDir::kRead},
+                                                            {0x3fd, AccessDir::kRead},
+                                                            {0x402, AccessDir::kWrite}};
   for (size_t i = 0; i < exits.size(); ++i) {
     const ExitEvent& e = exits[i].e;
     EXPECT_EQ(exits[i].reason, "IO") << i;
@@ -186,7 +186,7 @@ TEST_F(KvmAttribution, QemuSequenceOfIssue7GivesEachPortItsOwnExit) {
   ASSERT_EQ(in_kernel.size(), 3u);  // one coalesced 0x70 write per loop, no exit of its own
   for (const Got& g : in_kernel) {
     EXPECT_EQ(g.e.subkey, 0x70u);
-    EXPECT_EQ(g.e.dir, Direction::kWrite);
+    EXPECT_EQ(g.e.dir, AccessDir::kWrite);
     EXPECT_FALSE(g.e.userspace);
     EXPECT_EQ(g.e.end, ExitEnd::kNotTraced);
   }
@@ -225,10 +225,10 @@ TEST_F(KvmAttribution, InstructionBytesDecideBetweenCoalescedWriteAndRead) {
   const auto exits = sink.Exits();
   ASSERT_EQ(exits.size(), 3u);
   EXPECT_EQ(exits[0].e.subkey, 0x71u);
-  EXPECT_EQ(exits[0].e.dir, Direction::kRead);
+  EXPECT_EQ(exits[0].e.dir, AccessDir::kRead);
   EXPECT_EQ(exits[0].e.guest_rip, 0x102u);
   EXPECT_EQ(exits[1].e.subkey, 0x402u);
-  EXPECT_EQ(exits[1].e.dir, Direction::kWrite);
+  EXPECT_EQ(exits[1].e.dir, AccessDir::kWrite);
   EXPECT_EQ(exits[1].e.guest_rip, 0x104u);
   EXPECT_EQ(exits[2].reason, "HLT");
   EXPECT_EQ(exits[2].e.subkey_kind, SubKeyKind::kNone);
@@ -267,9 +267,9 @@ TEST_F(KvmAttribution, InKernelDevicesGiveAccessesWithoutExits) {
   const auto exits = sink.Exits();
   ASSERT_EQ(exits.size(), 3u);
   EXPECT_EQ(exits[0].e.subkey, 0xfebf1008u);
-  EXPECT_EQ(exits[0].e.dir, Direction::kWrite);
+  EXPECT_EQ(exits[0].e.dir, AccessDir::kWrite);
   EXPECT_EQ(exits[1].e.subkey, 0xfebf001cu);
-  EXPECT_EQ(exits[1].e.dir, Direction::kRead);
+  EXPECT_EQ(exits[1].e.dir, AccessDir::kRead);
   EXPECT_EQ(exits[1].e.value, 1u);
   EXPECT_EQ(exits[2].reason, "HLT");
   const auto k = sink.KernelAccesses();
@@ -278,7 +278,7 @@ TEST_F(KvmAttribution, InKernelDevicesGiveAccessesWithoutExits) {
   EXPECT_EQ(k[0].reason, "MMIO");
   EXPECT_EQ(k[1].e.subkey, 0x40u);
   EXPECT_EQ(k[1].e.subkey_kind, SubKeyKind::kPort);
-  EXPECT_EQ(k[1].e.dir, Direction::kRead);
+  EXPECT_EQ(k[1].e.dir, AccessDir::kRead);
   EXPECT_EQ(k[2].e.subkey_kind, SubKeyKind::kMsr);
   EXPECT_EQ(k[2].e.subkey, 0x6e0u);
   EXPECT_EQ(k[3].e.subkey, 0xfebf2000u);
@@ -399,9 +399,7 @@ TEST(KvmAttributionJointBlk, KernelAttributionAgreesWithTheVmmExitForExit) {
       const SubKeyKind want_kind = d.kind == ExitKind::kPio    ? SubKeyKind::kPort
                                    : d.kind == ExitKind::kMmio ? SubKeyKind::kMmio
                                                                : SubKeyKind::kNone;
-      const Direction want_dir = d.dir == AccessDir::kRead    ? Direction::kRead
-                                 : d.dir == AccessDir::kWrite ? Direction::kWrite
-                                                              : Direction::kNone;
+      const AccessDir want_dir = d.dir;
       bool ok = hit->e.subkey_kind == want_kind;
       if (want_kind != SubKeyKind::kNone) {
         ok = ok && hit->e.subkey == d.addr && hit->e.dir == want_dir && hit->device == dev &&
@@ -452,7 +450,7 @@ TEST(KvmAttributionJointBlk, KernelAttributionAgreesWithTheVmmExitForExit) {
   std::map<std::pair<uint64_t, int>, uint64_t> got;
   for (const Got& g : sink.all) {
     if (g.e.subkey_kind == SubKeyKind::kPort) {
-      ++got[{g.e.subkey, g.e.dir == Direction::kWrite ? 1 : 0}];
+      ++got[{g.e.subkey, g.e.dir == AccessDir::kWrite ? 1 : 0}];
     }
   }
   EXPECT_EQ(got, kernel_pio.n);

@@ -291,7 +291,7 @@ TEST_F(KvmDecodeTest, DecodedVmxRecordsPair) {
   EXPECT_EQ(sink.exits[0].vcpu, 1u);
   EXPECT_EQ(sink.exits[0].subkey_kind, SubKeyKind::kPort);
   EXPECT_EQ(sink.exits[0].subkey, 0x3f8u);
-  EXPECT_EQ(sink.exits[0].dir, Direction::kWrite);
+  EXPECT_EQ(sink.exits[0].dir, AccessDir::kWrite);
   EXPECT_EQ(pairer.stats().kernel_exits, 1u);
 }
 

@@ -30,28 +30,28 @@ TEST(KvmDeviceMap, ParsesAndResolvesPortsAndRegisters) {
   ASSERT_TRUE(m.has_value()) << m.error().message;
   EXPECT_EQ((*m)->device_count(), 3u);
   std::string_view dev, reg;
-  ASSERT_TRUE((*m)->Resolve(SubKeyKind::kPort, 0x3f8, 1, Direction::kWrite, &dev, &reg));
+  ASSERT_TRUE((*m)->Resolve(SubKeyKind::kPort, 0x3f8, 1, AccessDir::kWrite, &dev, &reg));
   EXPECT_EQ(dev, "com1");
   EXPECT_EQ(reg, "THR");
-  ASSERT_TRUE((*m)->Resolve(SubKeyKind::kPort, 0x3f8, 1, Direction::kRead, &dev, &reg));
+  ASSERT_TRUE((*m)->Resolve(SubKeyKind::kPort, 0x3f8, 1, AccessDir::kRead, &dev, &reg));
   EXPECT_EQ(reg, "RBR");
-  ASSERT_TRUE((*m)->Resolve(SubKeyKind::kPort, 0x3fd, 1, Direction::kNone, &dev, &reg));
+  ASSERT_TRUE((*m)->Resolve(SubKeyKind::kPort, 0x3fd, 1, AccessDir::kNone, &dev, &reg));
   EXPECT_EQ(reg, "LSR");
-  ASSERT_TRUE((*m)->Resolve(SubKeyKind::kMmio, 0xfebf1008, 4, Direction::kNone, &dev, &reg));
+  ASSERT_TRUE((*m)->Resolve(SubKeyKind::kMmio, 0xfebf1008, 4, AccessDir::kNone, &dev, &reg));
   EXPECT_EQ(dev, "nvme0");
   EXPECT_EQ(reg, "SQ1TDBL");
-  ASSERT_TRUE((*m)->Resolve(SubKeyKind::kMmio, 0xfebf8004, 4, Direction::kNone, &dev, &reg));
+  ASSERT_TRUE((*m)->Resolve(SubKeyKind::kMmio, 0xfebf8004, 4, AccessDir::kNone, &dev, &reg));
   EXPECT_EQ(dev, "nvme0");
   EXPECT_EQ(reg, "");
-  ASSERT_TRUE((*m)->Resolve(SubKeyKind::kPort, 0xe9, 1, Direction::kNone, &dev, &reg));
+  ASSERT_TRUE((*m)->Resolve(SubKeyKind::kPort, 0xe9, 1, AccessDir::kNone, &dev, &reg));
   EXPECT_EQ(dev, "dbg");
-  EXPECT_FALSE((*m)->Resolve(SubKeyKind::kPort, 0x80, 1, Direction::kNone, &dev, &reg));
+  EXPECT_FALSE((*m)->Resolve(SubKeyKind::kPort, 0x80, 1, AccessDir::kNone, &dev, &reg));
   EXPECT_FALSE(
-      (*m)->Resolve(SubKeyKind::kMmio, 0x3f8, 1, Direction::kNone, &dev, &reg));  // other space
+      (*m)->Resolve(SubKeyKind::kMmio, 0x3f8, 1, AccessDir::kNone, &dev, &reg));  // other space
   // A repeated lookup is served from the cache: the same bytes.
   std::string_view dev2, reg2, dev3, reg3;
-  (*m)->Resolve(SubKeyKind::kMmio, 0xfebf1008, 4, Direction::kNone, &dev2, &reg2);
-  (*m)->Resolve(SubKeyKind::kMmio, 0xfebf1008, 4, Direction::kNone, &dev3, &reg3);
+  (*m)->Resolve(SubKeyKind::kMmio, 0xfebf1008, 4, AccessDir::kNone, &dev2, &reg2);
+  (*m)->Resolve(SubKeyKind::kMmio, 0xfebf1008, 4, AccessDir::kNone, &dev3, &reg3);
   EXPECT_EQ(reg2, "SQ1TDBL");
   EXPECT_EQ(reg2.data(), reg3.data());
 }
@@ -89,10 +89,10 @@ TEST(KvmDeviceMap, LoadsFromARecorderDump) {
   std::filesystem::remove(path);
   ASSERT_TRUE(m.has_value()) << m.error().message;
   std::string_view dev, reg;
-  ASSERT_TRUE((*m)->Resolve(SubKeyKind::kPort, 0x3fd, 1, Direction::kNone, &dev, &reg));
+  ASSERT_TRUE((*m)->Resolve(SubKeyKind::kPort, 0x3fd, 1, AccessDir::kNone, &dev, &reg));
   EXPECT_EQ(dev, "com1");
   EXPECT_EQ(reg, "LSR");
-  EXPECT_FALSE((*m)->Resolve(SubKeyKind::kPort, 0x400, 1, Direction::kNone, &dev, &reg));
+  EXPECT_FALSE((*m)->Resolve(SubKeyKind::kPort, 0x400, 1, AccessDir::kNone, &dev, &reg));
 }
 
 TEST(KvmDeviceMap, NamesTheCapturePortsThroughThePairer) {

@@ -100,7 +100,7 @@ TEST(KvmPairing, PvmUserspaceExitChildrenComeBeforeTheExitRecord) {
   EXPECT_EQ(io.e.duration_ns, 25000u);
   EXPECT_EQ(io.e.subkey_kind, SubKeyKind::kPort);
   EXPECT_EQ(io.e.subkey, 0x3f8u);
-  EXPECT_EQ(io.e.dir, Direction::kWrite);
+  EXPECT_EQ(io.e.dir, AccessDir::kWrite);
   EXPECT_EQ(io.e.value, 0x41u);
   EXPECT_EQ(io.e.guest_rip, 0x1000u);
   EXPECT_EQ(io.e.vm, 100u);
@@ -109,7 +109,7 @@ TEST(KvmPairing, PvmUserspaceExitChildrenComeBeforeTheExitRecord) {
   EXPECT_EQ(mmio.reason, "MMIO");
   EXPECT_EQ(mmio.e.subkey_kind, SubKeyKind::kMmio);
   EXPECT_EQ(mmio.e.subkey, 0xd0000u);
-  EXPECT_EQ(mmio.e.dir, Direction::kWrite);
+  EXPECT_EQ(mmio.e.dir, AccessDir::kWrite);
   EXPECT_EQ(mmio.e.duration_ns, 3000u);
   EXPECT_EQ(p.stats().userspace_exits, 2u);
   EXPECT_EQ(p.stats().unpaired_exits, 0u);
@@ -137,11 +137,11 @@ TEST(KvmPairing, ReadCompletionAfterReentryAttachesToItsExit) {
   ASSERT_EQ(sink.exits.size(), 2u);
   EXPECT_EQ(sink.exits[0].e.subkey_kind, SubKeyKind::kPort);
   EXPECT_EQ(sink.exits[0].e.subkey, 0x3fdu);
-  EXPECT_EQ(sink.exits[0].e.dir, Direction::kRead);
+  EXPECT_EQ(sink.exits[0].e.dir, AccessDir::kRead);
   EXPECT_EQ(sink.exits[0].e.value, 0x60u);
   EXPECT_EQ(sink.exits[0].e.duration_ns, 500u);
   EXPECT_EQ(sink.exits[1].e.subkey, 0xfebf001cu);
-  EXPECT_EQ(sink.exits[1].e.dir, Direction::kRead);
+  EXPECT_EQ(sink.exits[1].e.dir, AccessDir::kRead);
   EXPECT_EQ(sink.exits[1].e.value, 0x1u);
   EXPECT_EQ(sink.exits[1].e.duration_ns, 1000u);
   EXPECT_EQ(p.stats().completions, 2u);
@@ -182,7 +182,7 @@ TEST(KvmPairing, KernelExitPairsWithNextEntryAndTakesChildren) {
   EXPECT_EQ(sink.exits[1].reason, "MSR_READ");
   EXPECT_EQ(sink.exits[1].e.subkey_kind, SubKeyKind::kMsr);
   EXPECT_EQ(sink.exits[1].e.subkey, 0xc0000080u);
-  EXPECT_EQ(sink.exits[1].e.dir, Direction::kRead);
+  EXPECT_EQ(sink.exits[1].e.dir, AccessDir::kRead);
   EXPECT_FALSE(sink.exits[1].e.userspace);
   EXPECT_EQ(sink.exits[2].reason, "HC_WRMSR");
   EXPECT_EQ(sink.exits[2].e.isa, Isa::kPvm);
@@ -260,7 +260,7 @@ TEST(KvmPairing, ClockScaleConvertsTscCycles) {
 
 TEST(KvmPairing, DeviceResolverNamesPortAndRegister) {
   struct Resolver : KvmDeviceResolver {
-    bool Resolve(SubKeyKind kind, uint64_t addr, uint32_t, Direction, std::string_view* dev,
+    bool Resolve(SubKeyKind kind, uint64_t addr, uint32_t, AccessDir, std::string_view* dev,
                  std::string_view* reg) const override {
       if (kind != SubKeyKind::kPort || addr < 0x3f8 || addr >= 0x400) return false;
       *dev = "com1";

@@ -205,17 +205,14 @@ Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::Load(const std::string& path
   return text ? LoadText(path) : LoadDump(path);
 }
 
-bool KvmDeviceMap::Resolve(SubKeyKind kind, uint64_t addr, uint32_t size, Direction dir,
+bool KvmDeviceMap::Resolve(SubKeyKind kind, uint64_t addr, uint32_t size, AccessDir dir,
                            std::string_view* device, std::string_view* reg) const {
   const IoSpace space = kind == SubKeyKind::kPort ? IoSpace::kPio : IoSpace::kMmio;
   const Key key{addr, size, static_cast<uint8_t>(space), static_cast<uint8_t>(dir)};
   auto it = cache_.find(key);
   if (it == cache_.end()) {
     Entry e;
-    const AccessDir adir = dir == Direction::kRead    ? AccessDir::kRead
-                           : dir == Direction::kWrite ? AccessDir::kWrite
-                                                      : AccessDir::kNone;
-    const Resolution r = space_->Lookup(space, addr, size, adir);
+    const Resolution r = space_->Lookup(space, addr, size, dir);
     if (r.assigned() && r.device < names_.size()) {
       e.found = true;
       e.device = names_[r.device];

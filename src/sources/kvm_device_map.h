@@ -48,7 +48,7 @@ class KvmDeviceMap final : public KvmDeviceResolver {
   // A dump file (by magic) or a text device map.
   static Result<std::unique_ptr<KvmDeviceMap>> Load(const std::string& path);
 
-  bool Resolve(SubKeyKind kind, uint64_t addr, uint32_t size, Direction dir,
+  bool Resolve(SubKeyKind kind, uint64_t addr, uint32_t size, AccessDir dir,
                std::string_view* device, std::string_view* reg) const override;
 
   const AddressSpace& address_space() const noexcept { return *space_; }

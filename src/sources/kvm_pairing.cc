@@ -37,7 +37,7 @@ bool KeepsHold(KvmEventType t) noexcept {
 }
 
 // IN / INS -> kRead, OUT / OUTS -> kWrite, anything else (or no bytes) -> kNone.
-Direction PortInsnDirection(const KvmRecord& r) noexcept {
+AccessDir PortInsnDirection(const KvmRecord& r) noexcept {
   for (size_t i = 0; i < r.insn_len && i < r.insn.size(); ++i) {
     const uint8_t b = r.insn[i];
     const bool prefix = b == 0x66 || b == 0x67 || b == 0xf2 || b == 0xf3 || b == 0xf0 ||
@@ -51,19 +51,19 @@ Direction PortInsnDirection(const KvmRecord& r) noexcept {
       case 0xed:
       case 0x6c:
       case 0x6d:
-        return Direction::kRead;
+        return AccessDir::kRead;
       case 0xe6:
       case 0xe7:
       case 0xee:
       case 0xef:
       case 0x6e:
       case 0x6f:
-        return Direction::kWrite;
+        return AccessDir::kWrite;
       default:
-        return Direction::kNone;
+        return AccessDir::kNone;
     }
   }
-  return Direction::kNone;
+  return AccessDir::kNone;
 }
 
 std::string_view AccessReason(SubKeyKind k) noexcept {
@@ -148,18 +148,18 @@ void KvmPairer::AddAccess(Thread& t, const KvmRecord& r) {
     case KvmEventType::kPio:
       a.kind = SubKeyKind::kPort;
       a.size = static_cast<uint8_t>(r.size);
-      a.dir = r.write ? Direction::kWrite : Direction::kRead;
+      a.dir = r.write ? AccessDir::kWrite : AccessDir::kRead;
       break;
     case KvmEventType::kMmio:
       a.kind = SubKeyKind::kMmio;
       a.size = static_cast<uint8_t>(r.size);
-      a.dir = r.mmio_type == kKvmMmioWrite ? Direction::kWrite : Direction::kRead;
+      a.dir = r.mmio_type == kKvmMmioWrite ? AccessDir::kWrite : AccessDir::kRead;
       a.unsatisfied = r.mmio_type == kKvmMmioUnsatisfiedRead;
       break;
     case KvmEventType::kMsr:
       a.kind = SubKeyKind::kMsr;
       a.size = 8;
-      a.dir = r.write ? Direction::kWrite : Direction::kRead;
+      a.dir = r.write ? AccessDir::kWrite : AccessDir::kRead;
       break;
     case KvmEventType::kHypercall:
       a.kind = SubKeyKind::kHypercall;
@@ -208,14 +208,14 @@ void KvmPairer::AddChild(Thread& t, const KvmRecord& r) {
   switch (r.type) {
     case KvmEventType::kPio:
       if (r.write == 0 && c.kind == SubKeyKind::kPort && c.key == r.addr &&
-          c.dir == Direction::kRead) {
+          c.dir == AccessDir::kRead) {
         c.value = r.data;  // completion of an IN handled before kvm_entry
         break;
       }
       c.kind = SubKeyKind::kPort;
       c.key = r.addr;
       c.size = static_cast<uint8_t>(r.size);
-      c.dir = r.write ? Direction::kWrite : Direction::kRead;
+      c.dir = r.write ? AccessDir::kWrite : AccessDir::kRead;
       c.value = r.data;
       break;
     case KvmEventType::kMmio:
@@ -226,27 +226,27 @@ void KvmPairer::AddChild(Thread& t, const KvmRecord& r) {
       c.kind = SubKeyKind::kMmio;
       c.key = r.addr;
       c.size = static_cast<uint8_t>(r.size);
-      c.dir = r.mmio_type == kKvmMmioWrite ? Direction::kWrite : Direction::kRead;
+      c.dir = r.mmio_type == kKvmMmioWrite ? AccessDir::kWrite : AccessDir::kRead;
       c.value = r.data;
       break;
     case KvmEventType::kVcpuMatchMmio:
       if (c.kind == SubKeyKind::kNone) {
         c.kind = SubKeyKind::kMmio;
         c.key = r.addr;
-        c.dir = r.write ? Direction::kWrite : Direction::kRead;
+        c.dir = r.write ? AccessDir::kWrite : AccessDir::kRead;
       }
       break;
     case KvmEventType::kMsr:
       c.kind = SubKeyKind::kMsr;
       c.key = r.addr;
       c.size = 8;
-      c.dir = r.write ? Direction::kWrite : Direction::kRead;
+      c.dir = r.write ? AccessDir::kWrite : AccessDir::kRead;
       c.value = r.data;
       break;
     case KvmEventType::kHypercall:
       c.kind = SubKeyKind::kHypercall;
       c.key = r.addr;
-      c.dir = Direction::kNone;
+      c.dir = AccessDir::kNone;
       break;
     case KvmEventType::kEmulateInsn:
       c.rip = r.guest_rip;
@@ -316,12 +316,12 @@ void KvmPairer::StartKernelExit(Thread& t, const KvmRecord& r) {
       e.subkey_kind = SubKeyKind::kPort;
       e.subkey = (r.info1 >> 16) & 0xffff;
       e.size = static_cast<uint8_t>((r.info1 & 7) + 1);
-      e.dir = (r.info1 & 8) ? Direction::kRead : Direction::kWrite;
+      e.dir = (r.info1 & 8) ? AccessDir::kRead : AccessDir::kWrite;
     } else if (e.isa == Isa::kSvm) {
       e.subkey_kind = SubKeyKind::kPort;
       e.subkey = (r.info1 >> 16) & 0xffff;
       e.size = (r.info1 & 0x10) ? 1 : (r.info1 & 0x20) ? 2 : (r.info1 & 0x40) ? 4 : 0;
-      e.dir = (r.info1 & 1) ? Direction::kRead : Direction::kWrite;
+      e.dir = (r.info1 & 1) ? AccessDir::kRead : AccessDir::kWrite;
     }
   }
 }
@@ -351,22 +351,22 @@ void KvmPairer::StartUserExit(Thread& t, const KvmRecord& r) {
   int own = -1;
   t.hold_next = Hold::kNone;
   if (name == "IO") {
-    if (t.insn_dir == Direction::kRead) {
+    if (t.insn_dir == AccessDir::kRead) {
       t.hold_next = Hold::kPioRead;
     } else {
       own = last_of([](const Access& a) {
-        return a.kind == SubKeyKind::kPort && a.dir == Direction::kWrite;
+        return a.kind == SubKeyKind::kPort && a.dir == AccessDir::kWrite;
       });
       if (own < 0) {
         t.hold_next = Hold::kPioRead;
-      } else if (t.insn_dir == Direction::kNone) {
+      } else if (t.insn_dir == AccessDir::kNone) {
         t.hold_next = Hold::kPioMaybe;
         t.candidate = t.window[static_cast<size_t>(own)];
       }
     }
   } else if (name == "MMIO") {
     own = last_of([](const Access& a) {
-      return a.kind == SubKeyKind::kMmio && (a.dir == Direction::kWrite || a.unsatisfied);
+      return a.kind == SubKeyKind::kMmio && (a.dir == AccessDir::kWrite || a.unsatisfied);
     });
     if (own >= 0 && t.window[static_cast<size_t>(own)].unsatisfied) t.hold_next = Hold::kMmioRead;
   } else if (name == "HYPERCALL") {
@@ -384,7 +384,7 @@ void KvmPairer::StartUserExit(Thread& t, const KvmRecord& r) {
     e.value = a.unsatisfied ? 0 : a.value;
     if (a.rip != 0) e.guest_rip = a.rip;
   } else if (t.hold_next == Hold::kPioRead) {
-    e.dir = Direction::kRead;
+    e.dir = AccessDir::kRead;
   }
   t.window.clear();
   t.children = 0;
@@ -443,7 +443,7 @@ bool KvmPairer::ResolveHeld(Thread& t, const KvmRecord& r) {
       h.subkey_kind = SubKeyKind::kPort;
       h.subkey = r.addr;
       h.size = static_cast<uint8_t>(r.size);
-      h.dir = Direction::kRead;
+      h.dir = AccessDir::kRead;
       h.value = r.data;
       ++stats_.completions;
       t.held = Hold::kNone;
@@ -562,7 +562,7 @@ void KvmPairer::Feed(const KvmRecord& r) {
         if (t.phase == Phase::kIdle) {
           t.window_fresh = true;
           t.last_rip = 0;
-          t.insn_dir = Direction::kNone;
+          t.insn_dir = AccessDir::kNone;
         }
       }
       break;

@@ -25,6 +25,7 @@
 // Heap allocations of the reader thread are counted by replacing operator new (as in
 // recorder_benchmark.cc).
 #include <pthread.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include <algorithm>
@@ -99,6 +100,18 @@ double ThreadCpuMs() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
+}
+
+// The reader thread's minor page faults and system CPU time so far.
+struct ThreadUsage {
+  uint64_t minflt = 0;
+  double sys_ms = 0;
+};
+ThreadUsage Usage() {
+  rusage ru{};
+  getrusage(RUSAGE_THREAD, &ru);
+  return {static_cast<uint64_t>(ru.ru_minflt), static_cast<double>(ru.ru_stime.tv_sec) * 1e3 +
+                                                   static_cast<double>(ru.ru_stime.tv_usec) / 1e3};
 }
 
 double Median(std::vector<double> v) {
@@ -280,6 +293,7 @@ int main(int argc, char** argv) {
     Dump& d = reuse ? kept_dump : fresh_dump;
     std::string& b = reuse ? kept_bytes : fresh_bytes;
     const uint64_t a0 = g_allocs;
+    const ThreadUsage u0 = Usage();
     const double c0 = ThreadCpuMs();
     const double t0 = WallMs();
     if (reuse) {
@@ -295,6 +309,7 @@ int main(int argc, char** argv) {
     }
     const double t2 = WallMs();
     const double c2 = ThreadCpuMs();
+    const ThreadUsage u2 = Usage();
     const uint64_t allocs = g_allocs - a0;
     bytes = b.size();
     double file_ms = 0;
@@ -327,9 +342,10 @@ int main(int argc, char** argv) {
       kept_cpus.push_back(c2 - c0);
     }
     std::printf(
-        "dump %d (%s): snapshot %.1f ms + serialise %.1f ms = %.1f ms wall (reader CPU %.1f ms), "
-        "%zu bytes, %llu allocations%s\n",
-        k + 1, reuse ? "storage kept" : "fresh", t1 - t0, t2 - t1, t2 - t0, c2 - c0, b.size(),
+        "dump %d (%s): snapshot %.1f ms + serialise %.1f ms = %.1f ms wall (reader CPU %.1f ms, "
+        "of which system %.1f ms; %llu page faults), %zu bytes, %llu allocations%s\n",
+        k + 1, reuse ? "storage kept" : "fresh", t1 - t0, t2 - t1, t2 - t0, c2 - c0,
+        u2.sys_ms - u0.sys_ms, static_cast<unsigned long long>(u2.minflt - u0.minflt), b.size(),
         static_cast<unsigned long long>(allocs),
         o.file.empty() ? ""
                        : (", file " + std::to_string(static_cast<int>(file_ms)) + " ms").c_str());

@@ -4,12 +4,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
+
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
 
 #include "exitscope/dump.h"
 #include "recorder/crc32.h"
@@ -103,19 +108,53 @@ inline void EncodeExit(const DumpExit& e, bool guest_data, char* dst) {
   }
 }
 
+// memcpy for big outputs: 16-byte non-temporal stores where aligned (SSE2, part of x86-64),
+// plain copies for the edges. StreamFence() orders them before anything that follows.
+void StreamCopy(char* dst, const char* src, size_t n) {
+#if defined(__x86_64__)
+  const size_t head =
+      std::min(n, static_cast<size_t>((16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16));
+  std::memcpy(dst, src, head);
+  dst += head;
+  src += head;
+  n -= head;
+  for (; n >= 16; n -= 16, dst += 16, src += 16) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst),
+                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+  }
+#endif
+  std::memcpy(dst, src, n);
+}
+void StreamFence() {
+#if defined(__x86_64__)
+  _mm_sfence();
+#endif
+}
+
 void PutLe(char* p, uint64_t v, int n) {
   for (int i = 0; i < n; ++i) p[i] = static_cast<char>((v >> (8 * i)) & 0xff);
 }
 
 }  // namespace
 
+namespace {
+void SerializeInto(const Dump& d, const DumpOptions& opts, std::string* out, bool headroom);
+}  // namespace
+
 std::string SerializeDump(const Dump& d, const DumpOptions& opts) {
   std::string out;
-  SerializeDump(d, opts, &out);
+  SerializeInto(d, opts, &out, false);
   return out;
 }
 
+// A string kept for dump after dump grows with headroom, so that the next dump (a few records
+// more or fewer) fits in the pages it already has.
 void SerializeDump(const Dump& d, const DumpOptions& opts, std::string* out) {
+  SerializeInto(d, opts, out, true);
+}
+
+namespace {
+void SerializeInto(const Dump& d, const DumpOptions& opts, std::string* out, bool headroom) {
   const bool guest = opts.include_guest_data && d.includes_guest_data;
   Strings strings;
   Writer sec[kSectionCount + 1];
@@ -274,7 +313,10 @@ void SerializeDump(const Dump& d, const DumpOptions& opts, std::string* out) {
   // Growing: nothing to keep (and libstdc++ 12 would copy the old bytes). The operation is
   // told the new size, but libstdc++ 12 may pass a larger one (its growth policy leaks into n),
   // so it returns file_size, not n.
-  if (out->capacity() < file_size) out->clear();
+  if (out->capacity() < file_size) {
+    out->clear();
+    if (headroom) out->reserve(file_size + file_size / 8);
+  }
   out->resize_and_overwrite(file_size, [&](char* p, size_t) {
     for (uint32_t id = 1; id <= kSectionCount; ++id) {
       if (id == kExits) continue;
@@ -285,20 +327,28 @@ void SerializeDump(const Dump& d, const DumpOptions& opts, std::string* out) {
     char* x = p + offset[kExits];
     PutLe(x, total, 8);
     uint32_t c = Crc32Extend(0, x, 8);
-    char* block = x + 8;
-    char* q = block;
-    constexpr size_t kBlock = 64 * 1024;  // bytes per CRC step
+    // Records are encoded into a block that stays in L1, checksummed there, then streamed
+    // to the output with non-temporal stores (no read of the destination lines first).
+    constexpr size_t kBlockRecords = 256;  // 15 KiB
+    alignas(64) char block[kBlockRecords * kExitRecordSize];
+    char* q = x + 8;
+    size_t in_block = 0;
+    auto flush = [&] {
+      const size_t bytes = in_block * kExitRecordSize;
+      c = Crc32Extend(c, block, bytes);
+      StreamCopy(q, block, bytes);
+      q += bytes;
+      in_block = 0;
+    };
     for (const DumpVcpu& v : d.vcpus) {
       for (const DumpExit& e : v.exits) {
-        EncodeExit(e, guest, q);
-        q += kExitRecordSize;
-        if (static_cast<size_t>(q - block) >= kBlock) {
-          c = Crc32Extend(c, block, static_cast<size_t>(q - block));
-          block = q;
-        }
+        EncodeExit(e, guest, block + in_block * kExitRecordSize);
+        if (++in_block == kBlockRecords) flush();
       }
     }
-    crc[kExits] = Crc32Extend(c, block, static_cast<size_t>(q - block));
+    flush();
+    StreamFence();
+    crc[kExits] = c;
 
     Writer table;
     for (uint32_t id = 1; id <= kSectionCount; ++id) {
@@ -325,6 +375,8 @@ void SerializeDump(const Dump& d, const DumpOptions& opts, std::string* out) {
     return static_cast<size_t>(file_size);
   });
 }
+
+}  // namespace
 
 Status WriteDumpFile(const Dump& dump, const std::string& path, const DumpOptions& opts) {
   // Never replace anything but a regular file: not a device node (/dev/null, /dev/full), FIFO,

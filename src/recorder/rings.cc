@@ -51,15 +51,33 @@ ExitRing::ExitRing(uint64_t capacity)
 // overwritten copy is simply overwritten by the next one. On x86-64 the acquire load and
 // fence are plain loads and a compiler barrier: the loop runs at memory speed.
 uint64_t ExitRing::CopyRange(uint64_t from, uint64_t to, ExitRecord* out) const noexcept {
+  const Slot* const slots = slots_.get();
+  const uint64_t mask = mask_;
+  auto* const dst = reinterpret_cast<unsigned char*>(out);
   uint64_t k = 0;
   for (uint64_t n = from; n < to; ++n) {
-    const Slot& s = slots_[n & mask_];
+    const Slot& s = slots[n & mask];
     const uint64_t s1 = s.seq.load(std::memory_order_acquire);
-    uint64_t w[kWords];
-    for (int i = 0; i < kWords; ++i) w[i] = s.words[i].load(std::memory_order_relaxed);
+    // Each word stored where it belongs, one statement per word (GCC does not unroll a loop
+    // of atomic loads, and a copy through the stack stalls on store forwarding).
+    unsigned char* const o = dst + k * sizeof(ExitRecord);
+    static_assert(kWords == 7);
+    const uint64_t w0 = s.words[0].load(std::memory_order_relaxed);
+    const uint64_t w1 = s.words[1].load(std::memory_order_relaxed);
+    const uint64_t w2 = s.words[2].load(std::memory_order_relaxed);
+    const uint64_t w3 = s.words[3].load(std::memory_order_relaxed);
+    const uint64_t w4 = s.words[4].load(std::memory_order_relaxed);
+    const uint64_t w5 = s.words[5].load(std::memory_order_relaxed);
+    const uint64_t w6 = s.words[6].load(std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_acquire);
     const uint64_t s2 = s.seq.load(std::memory_order_relaxed);
-    std::memcpy(static_cast<void*>(out + k), w, sizeof(ExitRecord));
+    std::memcpy(o, &w0, 8);
+    std::memcpy(o + 8, &w1, 8);
+    std::memcpy(o + 16, &w2, 8);
+    std::memcpy(o + 24, &w3, 8);
+    std::memcpy(o + 32, &w4, 8);
+    std::memcpy(o + 40, &w5, 8);
+    std::memcpy(o + 48, &w6, 8);
     k += (s1 == 2 * n + 2) & (s2 == s1);
   }
   return k;

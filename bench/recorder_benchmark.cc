@@ -13,10 +13,12 @@
 // ("allocs_per_iter"); the per-exit path must report 0.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <new>
 #include <random>
+#include <vector>
 
 #include "exitscope/recorder.h"
 
@@ -165,6 +167,49 @@ void BM_ClockNow(benchmark::State& state) {
   state.SetLabel(std::string(ToString(c.source())));
 }
 BENCHMARK(BM_ClockNow);
+
+// One recorded exit against its floor, the two clock reads it needs, in ONE run: each
+// iteration times a block of exits (as BM_RecordExitWithLookup/64) and then a block of twice as
+// many clock reads (as BM_ClockNow), back to back on the same thread, so both see the same
+// machine (load, frequency, steal). Medians over the iterations, so a block that was preempted
+// on a loaded machine does not move them:
+//   exit_ns             one BeginExit + EndExit
+//   two_clock_reads_ns  two Clock::Now()
+//   ratio               median over iterations of exit / two clock reads (goal: <= 1.25)
+void BM_RecordExitVsTwoClockReads(benchmark::State& state) {
+  Setup s(64);
+  Recorder& r = *s.rec;
+  const Clock& c = r.clock();
+  constexpr int kBlock = 512;
+  std::vector<double> exit_ns, clock_ns, ratio;
+  size_t i = 0;
+  for (auto _ : state) {
+    const uint64_t t0 = Clock::MonotonicNs();
+    for (int k = 0; k < kBlock; ++k) {
+      const uint64_t addr = s.addrs[i++ & 4095];
+      r.BeginExit(0, ExitKind::kMmio, addr, 4, AccessDir::kWrite, i);
+      r.EndExit(0);
+    }
+    const uint64_t t1 = Clock::MonotonicNs();
+    for (int k = 0; k < 2 * kBlock; ++k) benchmark::DoNotOptimize(c.Now());
+    const uint64_t t2 = Clock::MonotonicNs();
+    const double e = static_cast<double>(t1 - t0) / kBlock;
+    const double f = static_cast<double>(t2 - t1) / kBlock;
+    exit_ns.push_back(e);
+    clock_ns.push_back(f);
+    ratio.push_back(f > 0 ? e / f : 0);
+  }
+  auto median = [](std::vector<double>& v) {
+    if (v.empty()) return 0.0;
+    std::nth_element(v.begin(), v.begin() + static_cast<ptrdiff_t>(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  };
+  state.counters["exit_ns"] = median(exit_ns);
+  state.counters["two_clock_reads_ns"] = median(clock_ns);
+  state.counters["ratio"] = median(ratio);
+  state.SetLabel(std::string(ToString(c.source())));
+}
+BENCHMARK(BM_RecordExitVsTwoClockReads);
 
 void BM_DeviceEvent(benchmark::State& state) {
   Setup s(4, false);

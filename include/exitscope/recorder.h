@@ -124,8 +124,9 @@ class EXITSCOPE_EXPORT Recorder {
   // register now. `value` is the guest's data for writes (kept only when dir == kWrite).
   // A BeginExit while the previous exit has not ended records the previous one with
   // kExitFlagNoEnd (counted as begin_without_end).
-  void BeginExit(uint32_t vcpu, ExitKind kind, uint64_t addr = 0, uint8_t size = 0,
-                 AccessDir dir = AccessDir::kNone, uint64_t value = 0) noexcept {
+  [[gnu::always_inline]] void BeginExit(uint32_t vcpu, ExitKind kind, uint64_t addr = 0,
+                                        uint8_t size = 0, AccessDir dir = AccessDir::kNone,
+                                        uint64_t value = 0) noexcept {
     if (__builtin_expect(vcpu >= num_vcpus_, 0)) return CountBadVcpu();
     internal::VcpuSlot& v = slots_[vcpu];
     const uint64_t now = clock_.Now();
@@ -160,8 +161,10 @@ class EXITSCOPE_EXPORT Recorder {
   // Ends the current exit of `vcpu` and appends its record to the vCPU's ring. The first form
   // keeps the value given to BeginExit; the second records `value` (the data returned to the
   // guest for a read). Without a matching BeginExit: counted (end_without_begin), no record.
-  void EndExit(uint32_t vcpu) noexcept { EndExitImpl(vcpu, 0, false); }
-  void EndExit(uint32_t vcpu, uint64_t value) noexcept { EndExitImpl(vcpu, value, true); }
+  [[gnu::always_inline]] void EndExit(uint32_t vcpu) noexcept { EndExitImpl(vcpu, 0, false); }
+  [[gnu::always_inline]] void EndExit(uint32_t vcpu, uint64_t value) noexcept {
+    EndExitImpl(vcpu, value, true);
+  }
 
   // RAII: BeginExit in the constructor, EndExit in the destructor. A null recorder does
   // nothing (so the embedder can switch recording off).
@@ -267,14 +270,19 @@ class EXITSCOPE_EXPORT Recorder {
   // Keeps `f` in the findings ring, calls the finding hook, and logs its line if `log`.
   void AddFinding(FindingRecord f, bool log);
 
-  void EndExitImpl(uint32_t vcpu, uint64_t value, bool has_value) noexcept {
+  [[gnu::always_inline]] void EndExitImpl(uint32_t vcpu, uint64_t value, bool has_value) noexcept {
     if (__builtin_expect(vcpu >= num_vcpus_, 0)) return CountBadVcpu();
     internal::VcpuSlot& v = slots_[vcpu];
     const uint64_t now = clock_.Now();
-    uint64_t w[internal::VcpuSlot::kWords];  // the ExitRecord's words (exit_record.h layout)
-    for (int i = 0; i < internal::VcpuSlot::kWords; ++i) {
-      w[i] = v.cur[i].load(std::memory_order_relaxed);
-    }
+    // The ExitRecord's words (exit_record.h layout), one statement each: a loop of atomic
+    // loads is not unrolled at -O2, and costs more than the loads.
+    // Word 1 (duration) is not loaded: it is set below.
+    static_assert(internal::VcpuSlot::kWords == 7);
+    uint64_t w[internal::VcpuSlot::kWords] = {
+        v.cur[0].load(std::memory_order_relaxed), 0,
+        v.cur[2].load(std::memory_order_relaxed), v.cur[3].load(std::memory_order_relaxed),
+        v.cur[4].load(std::memory_order_relaxed), v.cur[5].load(std::memory_order_relaxed),
+        v.cur[6].load(std::memory_order_relaxed)};
     if (__builtin_expect(w[0] == 0, 0)) return EndWithoutBegin();
     w[1] = now - w[0];  // duration_ticks
     uint64_t flags = 0;

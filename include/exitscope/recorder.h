@@ -86,9 +86,39 @@ struct RecorderOptions {
 };
 
 namespace internal {
-// Per-vCPU state, one cache line group per vCPU. `cur` is the exit in progress as 7 atomic
-// words (an ExitRecord; start_ticks == 0 means none), behind a seqlock (`seq` odd while the vCPU
-// thread writes) so the watchdog can read it while the vCPU is stuck inside the exit.
+// Per-vCPU in-progress slot: the exit a vCPU is inside now, readable by the watchdog and by
+// snapshots while the vCPU is stuck in it.
+//
+// Memory (one per vCPU, allocated at creation, two cache lines):
+//
+//   +-------------+--------------------------------------+---------+---------+-------------+
+//   | seq (atomic)| cur[0..6]: the ExitRecord's 7 words  | exit_no | stalled | end_claimed |
+//   +-------------+--------------------------------------+---------+---------+-------------+
+//   | begin_reported | begins (vCPU thread only) |
+//   +----------------+---------------------------+
+//
+// States: cur[0] (= start_ticks) == 0 means "no exit in progress" (Idle); != 0 means Inside.
+//
+//               BeginExit: seq odd -> cur[0..6] -> exit_no -> seq even
+//     Idle ---------------------------------------------------------------> Inside
+//       ^                                                                     |
+//       |  EndExit: seq odd -> cur[0] = 0 -> seq even, THEN the record goes    |
+//       |  to the ring (so a reader never sees the exit both in progress and   |
+//       +--- in the ring)  ---------------------------------------------------+
+//
+// A BeginExit while Inside first writes the previous exit to the ring with kExitFlagNoEnd.
+// Owners: the vCPU thread is the only writer of seq, cur, exit_no and begins (one thread per
+// vCPU index at a time). Readers (watchdog, Snapshot) copy cur and exit_no between two loads of
+// seq and keep the copy only if both saw the same even value (a seqlock; Recorder's
+// ReadCurrent retries a few times and gives up rather than wait).
+//
+// The stall protocol (a stuck exit gets exactly one "stuck" and one "ended" finding):
+//   stalled        written by the watchdog: exit_no of the exit it found stuck (release), read
+//                  by EndExit to flag the record kExitFlagStalled;
+//   begin_reported written by the watchdog after its "stuck" finding is out;
+//   end_claimed    compare-and-swap by whoever sees the end first (the vCPU's slow path if
+//                  begin_reported already covers the exit, else the watchdog's next poll);
+//                  only grows, so the end finding is emitted once.
 struct alignas(64) VcpuSlot {
   static constexpr int kWords = sizeof(ExitRecord) / sizeof(uint64_t);
   std::atomic<uint64_t> seq{0};

@@ -65,10 +65,37 @@ struct FindingRecord {
 
 using FindingHook = std::function<void(const FindingRecord&)>;
 
-// Fixed-capacity table of I/Os in flight, written by any thread (lock-free), scanned by the
-// watchdog. Insert probes a window of kProbe slots from the hash of (device, io_id) and claims
-// the first free one; when the window is full the I/O is not tracked and `overflow` counts it.
-// Complete clears the matching slot; a completion without a tracked submit counts `untracked`.
+// Fixed-capacity table of I/Os in flight (Recorder::IoSubmit / IoComplete), written by any
+// thread without locks, scanned by the watchdog for I/Os in flight too long.
+//
+// Memory (all allocated at construction, capacity = 2^k >= kProbe):
+//
+//   slot[0] slot[1] ... slot[capacity-1]
+//   slot = { state (atomic u64) | device | io_id | start_ticks }   (each field atomic)
+//   state = (generation << 2) | phase
+//
+// An I/O lives in one of the kProbe slots after hash(device, io_id) (a window, wrapping). Each
+// slot moves through four phases (0 kFree, 1 kClaimed, 2 kLive, 3 kReported); every arrow is
+// one compare-and-swap on `state` (or, for the claimer, a release store), so exactly one
+// thread makes each transition:
+//
+//   kFree --Submit: CAS, gen+1--> kClaimed --Submit: fields, then store--> kLive
+//    ^ ^                                                                    |
+//    | +-------------- Complete: CAS if device and io_id match -------------+
+//    |                                                                      | CollectAged:
+//    |                                                                      v CAS if old
+//    +---------------- Complete: CAS if device and io_id match -------- kReported
+//
+// Owners: the submitting thread owns a slot between its claim and kLive (only it writes the
+// fields, only in kClaimed); after that nobody writes them until the slot is free again. Any
+// thread may complete (kLive/kReported -> kFree); only the watchdog reports
+// (kLive -> kReported, once per I/O). The generation grows with every claim, so a
+// compare-and-swap that read the state before the slot was freed and reused fails (no ABA);
+// fields are stored with release and loaded with acquire, so a reader that sees a newer
+// generation's field also fails its compare-and-swap.
+//
+// Lost tracking is counted, never silent: a submit whose window has no free slot is not
+// tracked (`overflow`), a completion that finds no matching slot counts `untracked`.
 class EXITSCOPE_EXPORT InflightIoTable {
  public:
   static constexpr int kProbe = 16;

@@ -12,9 +12,10 @@ PACKAGES=(
   prometheus-cpp-dev
   clang libbpf-dev bpftool
 )
-# Wanted by one test only (tests/metrics: the real-Prometheus scrape); that test skips with a
-# printed reason when the package could not be installed, so a failure here is not fatal.
-OPTIONAL_PACKAGES=(prometheus)
+# Each wanted by one test only, which skips with a printed reason when its package could not be
+# installed, so a failure here is not fatal: prometheus (tests/metrics: the real-Prometheus
+# scrape), qemu-system-x86 (tests/sources/qemu_kvm_test: a real QEMU under kvm record).
+OPTIONAL_PACKAGES=(prometheus qemu-system-x86)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -21,8 +21,12 @@ void KvmAnalysisFlags::Add(CLI::App& app, const char* pid_help, const char* dura
   app.add_flag("--histogram", histogram, "log-scale latency histogram per row");
   app.add_option("--format", format, format_help);
   app.add_option("--device-map", device_map,
-                 "resolve ports / MMIO addresses: a recorder dump of the VM or a device-map "
-                 "text file (docs/kvm.md)");
+                 "resolve ports / MMIO addresses: a recorder dump of the VM, a device-map "
+                 "text file (docs/kvm.md) or QEMU's `info mtree -f` output (docs/qemu.md)");
+  app.add_option("--qmp", qmp,
+                 "resolve ports / MMIO addresses with QEMU's own region names, read live from "
+                 "the running QEMU's QMP socket (-qmp unix:SOCKET,server=on,wait=off; "
+                 "docs/qemu.md)");
   app.add_option("--pvm-numbering", pvm_numbering,
                  "PVM exit reason numbering: upstream | fork (ERETS removed)");
 }
@@ -51,6 +55,15 @@ int KvmAnalysisFlags::Apply(const char* self, analysis::KvmAnalysisOptions* a,
   } else {
     return UsageError(self,
                       fmt::format("--pvm-numbering: '{}' is not upstream or fork", pvm_numbering));
+  }
+  if (!device_map.empty() && !qmp.empty()) {
+    return UsageError(self, "--device-map and --qmp exclude each other: give one device map");
+  }
+  if (!qmp.empty()) {
+    auto m = sources::KvmDeviceMap::LoadQmp(qmp);
+    if (!m) return ReportError(self, Error{m.error().code, "--qmp " + m.error().message});
+    *devices = std::move(*m);
+    p->devices = devices->get();
   }
   if (!device_map.empty()) {
     auto m = sources::KvmDeviceMap::Load(device_map);

@@ -1,4 +1,4 @@
-// cli/kvm_flags.h: the flags `exitscope kvm report` and `exitscope kvm live` share (what to
+// cli/kvm_flags.h: the flags `exitscope kvm report`, `kvm live` and `kvm stat` share (what to
 // analyse and how to render it), declared, validated and applied in one place.
 #pragma once
 
@@ -15,7 +15,7 @@
 namespace exitscope::cli {
 
 struct KvmAnalysisFlags {
-  std::string event = "vmexit", key = "sample", format = "table", device_map;
+  std::string event = "vmexit", key = "sample", format = "table", device_map, qmp;
   std::string pvm_numbering = "upstream";
   int64_t vcpu = -1, pid = -1;
   double duration_us = 0;
@@ -25,9 +25,10 @@ struct KvmAnalysisFlags {
   // report and live, so the caller gives it.
   void Add(CLI::App& app, const char* pid_help, const char* duration_help, const char* format_help);
 
-  // Validates the values and fills the options (the device map, if any, is loaded into
-  // *devices and referenced from *pairer). Returns 0, or prints one line "<self>: ..." and
-  // returns the exit status: 2 for bad usage or bad input, 1 for a runtime failure.
+  // Validates the values and fills the options (the device map, if any, from --device-map
+  // or live from QEMU through --qmp, is loaded into *devices and referenced from *pairer).
+  // Returns 0, or prints one line "<self>: ..." and returns the exit status: 2 for bad usage
+  // or bad input, 1 for a runtime failure.
   int Apply(const char* self, analysis::KvmAnalysisOptions* analysis,
             report::KvmRenderOptions* render, sources::KvmPairerOptions* pairer,
             std::unique_ptr<sources::KvmDeviceMap>* devices) const;

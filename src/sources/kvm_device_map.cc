@@ -13,6 +13,7 @@
 
 #include "exitscope/dump.h"
 #include "exitscope/register_map.h"
+#include "sources/qemu_mtree.h"
 
 namespace exitscope::sources {
 namespace {
@@ -96,6 +97,13 @@ Result<std::string> ReadBounded(int fd, const std::string& path, size_t limit) {
 Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::Parse(std::string_view text,
                                                           std::string_view origin,
                                                           const std::string& base_dir) {
+  if (LooksLikeQemuMtreeFlat(text)) return FromQemuMtree(text, origin);
+  if (LooksLikeQemuMtreeTree(text)) {
+    return Fail(ErrorCode::kInvalidArgument,
+                fmt::format("{}: this is QEMU's `info mtree` without -f: a device map needs the "
+                            "flat view, `info mtree -f`",
+                            origin));
+  }
   std::unique_ptr<KvmDeviceMap> m(new KvmDeviceMap());
   size_t pos = 0, line_no = 0;
   while (pos <= text.size()) {
@@ -205,6 +213,17 @@ Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::Load(const std::string& path
   return text ? LoadText(path) : LoadDump(path);
 }
 
+std::string KvmDeviceMap::ExtraRegisterName(IoSpace space, uint64_t addr, uint32_t size,
+                                            AccessDir dir, const Resolution& r) const {
+  if (r.map == nullptr || extras_.empty()) return AddressSpace::RegisterName(r, size);
+  const auto it = extras_.find({static_cast<uint8_t>(space), addr - r.offset});
+  if (it == extras_.end()) return AddressSpace::RegisterName(r, size);
+  const uint64_t offset = r.offset + it->second.region_offset;
+  if (!it->second.ecam) return FormatRegister(r.map, r.map->Resolve(offset, size, dir), size);
+  const std::string reg = FormatRegister(r.map, r.map->Resolve(offset & 0xfff, size, dir), size);
+  return reg.empty() ? QemuEcamFunction(offset) : QemuEcamFunction(offset) + "." + reg;
+}
+
 bool KvmDeviceMap::Resolve(SubKeyKind kind, uint64_t addr, uint32_t size, AccessDir dir,
                            std::string_view* device, std::string_view* reg) const {
   const IoSpace space = kind == SubKeyKind::kPort ? IoSpace::kPio : IoSpace::kMmio;
@@ -216,7 +235,7 @@ bool KvmDeviceMap::Resolve(SubKeyKind kind, uint64_t addr, uint32_t size, Access
     if (r.assigned() && r.device < names_.size()) {
       e.found = true;
       e.device = names_[r.device];
-      std::string name = AddressSpace::RegisterName(r, size);
+      std::string name = ExtraRegisterName(space, addr, size, dir, r);
       if (!name.empty()) {
         regs_.push_back(std::move(name));
         e.reg = regs_.back();

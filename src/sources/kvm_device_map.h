@@ -18,15 +18,21 @@
 //    regular file of at most kMaxDeviceMapBytes is read: a directory, a FIFO or a device
 //    node is refused before anything is read.
 //
+//  - from QEMU's `info mtree -f` (detected by content; the file, or live from QEMU's QMP
+//    socket with LoadQmp): devices are QEMU's own region names, builtin register maps are
+//    chosen by region name (qemu_mtree.h QemuRegisterMapFor, docs/qemu.md).
+//
 // Lookups are cached per (space, address, size): a trace touches few distinct addresses, so
 // register names are formatted once and the returned views stay valid for the map's life.
 #pragma once
 
 #include <deque>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 
 #include "exitscope/address_space.h"
 #include "exitscope/status.h"
@@ -39,14 +45,25 @@ class KvmDeviceMap final : public KvmDeviceResolver {
   // Text device maps larger than this are refused before they are read (a map of a real VM
   // is a few KiB). Dumps given as maps are bounded by the dump reader.
   static constexpr uint64_t kMaxDeviceMapBytes = 16u << 20;
-  // Parses the text format above.
+  // Parses the text format above, or QEMU's `info mtree -f` output (FromQemuMtree) when the
+  // text is that.
   static Result<std::unique_ptr<KvmDeviceMap>> Parse(std::string_view text, std::string_view origin,
                                                      const std::string& base_dir = ".");
   static Result<std::unique_ptr<KvmDeviceMap>> LoadText(const std::string& path);
   // Reads a recorder dump (ReadDump) and takes its address space.
   static Result<std::unique_ptr<KvmDeviceMap>> LoadDump(const std::string& path);
-  // A dump file (by magic) or a text device map.
+  // A dump file (by magic) or a text device map (either text format).
   static Result<std::unique_ptr<KvmDeviceMap>> Load(const std::string& path);
+  // QEMU's `info mtree -f` (qemu_mtree.h): ports from the view of address space "I/O", MMIO
+  // addresses from that of "memory" (else "cpu-memory-0"). Each range that is not RAM or ROM
+  // becomes a range of the device named as QEMU names the region (several ranges of one name
+  // are one device, as in QEMU's trace); a region QemuRegisterMapFor knows gets that builtin
+  // register map, offsets counted from the region's start (the " @offset" of a fragment),
+  // and the ECAM window (pcie-mmcfg-mmio) resolves to "bb:dd.f.REGISTER".
+  static Result<std::unique_ptr<KvmDeviceMap>> FromQemuMtree(std::string_view text,
+                                                             std::string_view origin);
+  // Runs `info mtree -f` on a live QEMU through its QMP socket (qemu_qmp.h) and parses it.
+  static Result<std::unique_ptr<KvmDeviceMap>> LoadQmp(const std::string& socket_path);
 
   bool Resolve(SubKeyKind kind, uint64_t addr, uint32_t size, AccessDir dir,
                std::string_view* device, std::string_view* reg) const override;
@@ -56,6 +73,9 @@ class KvmDeviceMap final : public KvmDeviceResolver {
 
  private:
   KvmDeviceMap() : space_(std::make_unique<AddressSpace>()) {}
+  // The register name of resolution `r`, counting offsets as the range's RangeExtra says.
+  std::string ExtraRegisterName(IoSpace space, uint64_t addr, uint32_t size, AccessDir dir,
+                                const Resolution& r) const;
   struct Key {
     uint64_t addr;
     uint32_t size;
@@ -73,8 +93,15 @@ class KvmDeviceMap final : public KvmDeviceResolver {
     bool found = false;
     std::string_view device, reg;
   };
+  // A QEMU range whose register offsets do not start at the range's base: a fragment of a
+  // region (" @offset"), or the ECAM window (one pci-config map per 4 KiB function).
+  struct RangeExtra {
+    uint64_t region_offset = 0;
+    bool ecam = false;
+  };
   std::unique_ptr<AddressSpace> space_;
   std::deque<std::string> names_;  // device names by index
+  std::map<std::pair<uint8_t, uint64_t>, RangeExtra> extras_;  // by (space, range base)
   mutable std::deque<std::string> regs_;
   mutable std::unordered_map<Key, Entry, KeyHash> cache_;
 };

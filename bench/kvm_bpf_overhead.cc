@@ -82,13 +82,15 @@ class Watcher {
  public:
   bool Start(const std::vector<std::string>& args) {
     char tmpl[] = "/tmp/kvm-bpf-bench-XXXXXX";
+    char err_tmpl[] = "/tmp/kvm-bpf-bench-err-XXXXXX";
     out_fd_ = ::mkstemp(tmpl);
+    err_fd_ = ::mkstemp(err_tmpl);
     path_ = tmpl;
+    err_path_ = err_tmpl;
     pid_ = ::fork();
     if (pid_ == 0) {
       ::dup2(out_fd_, 1);
-      const int devnull = ::open("/dev/null", O_WRONLY);
-      ::dup2(devnull, 2);
+      ::dup2(err_fd_, 2);
       std::vector<char*> argv;
       for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
       argv.push_back(nullptr);
@@ -110,13 +112,21 @@ class Watcher {
       if (!line.empty() && line[0] == '{') last = line;
     ::close(out_fd_);
     ::unlink(path_.c_str());
+    std::ifstream err(err_path_);
+    std::stringstream ss;
+    ss << err.rdbuf();
+    stderr_ = ss.str();
+    ::close(err_fd_);
+    ::unlink(err_path_.c_str());
     return last.empty() ? nlohmann::json() : nlohmann::json::parse(last, nullptr, false);
   }
 
+  const std::string& err() const { return stderr_; }
+
  private:
   pid_t pid_ = -1;
-  int out_fd_ = -1;
-  std::string path_;
+  int out_fd_ = -1, err_fd_ = -1;
+  std::string path_, err_path_, stderr_;
 };
 
 double Median(std::vector<double> v) {
@@ -167,7 +177,7 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(iterations), rounds, self.c_str());
   if (Guest(iterations).ns_per_exit < 0) return 1;  // warm-up
 
-  std::vector<double> ns[3], events_per_s[3];
+  std::vector<double> ns[3], events_per_s[3], prog_ns_per_hit, prog_ns_per_exit;
   uint64_t lost[3] = {};
   for (int r = 0; r < rounds; ++r) {
     for (int k = 0; k < 3; ++k) {
@@ -178,7 +188,8 @@ int main(int argc, char** argv) {
         std::printf("tracefs: not measured (kvm live did not start)\n");
         return 1;
       }
-      if (m == kBpf && !w.Start({kBin, "kvm", "stat", "--bpf", "-p", self, "--format", "json"})) {
+      if (m == kBpf &&
+          !w.Start({kBin, "kvm", "stat", "--bpf", "--bpf-stats", "-p", self, "--format", "json"})) {
         std::printf("bpf: not measured (kvm stat --bpf did not start)\n");
         return 1;
       }
@@ -204,6 +215,16 @@ int main(int argc, char** argv) {
         extra = "  " + std::to_string(records) + " records, " +
                 std::to_string(static_cast<uint64_t>(eps)) + " events/s, lost " +
                 std::to_string(lost_now);
+        // kvm stat --bpf-stats: "BPF programs ran N times, X ns per run (kernel run time)"
+        const size_t at = w.err().find("ns per run");
+        if (m == kBpf && at != std::string::npos) {
+          const size_t from = w.err().rfind(", ", at);
+          const double per_run = std::strtod(w.err().c_str() + from + 2, nullptr);
+          prog_ns_per_hit.push_back(per_run);
+          prog_ns_per_exit.push_back(per_run * static_cast<double>(records) /
+                                     static_cast<double>(g.exits));
+          extra += ", program " + std::to_string(per_run).substr(0, 6) + " ns/hit";
+        }
       }
       ns[m].push_back(g.ns_per_exit);
       std::printf("round %d %-8s %10.1f ns/exit%s\n", r + 1, kModeNames[m], g.ns_per_exit,
@@ -223,6 +244,12 @@ int main(int argc, char** argv) {
       "lost %llu\n",
       bpf, bpf - none, bpf / none, Median(events_per_s[kBpf]),
       static_cast<unsigned long long>(lost[kBpf]));
+  if (!prog_ns_per_hit.empty()) {
+    std::printf(
+        "bpf programs (kernel run time, BPF_ENABLE_STATS): %.1f ns per tracepoint hit, "
+        "%.1f ns per exit\n",
+        Median(prog_ns_per_hit), Median(prog_ns_per_exit));
+  }
   if (tfs - none > 0) {
     std::printf("bpf cost / tracefs cost %.3f\n", (bpf - none) / (tfs - none));
   }

@@ -128,6 +128,7 @@ struct StatRun {
   double duration = 0;  // --duration: 0 = until CMD exits / Ctrl-C
   std::vector<std::string> cmd;
   std::string tracefs_dir;
+  bool bpf_stats = false;  // --bpf-stats
   analysis::KvmAnalysisOptions aopts;
   report::KvmRenderOptions ropts;
   sources::KvmPairerOptions popts;
@@ -241,6 +242,11 @@ int RunBpf(StatRun& run, sources::bpf::BpfKvmStat& bpf) {
     std::fflush(stdout);
   };
 
+  if (run.bpf_stats) {
+    if (Status st = bpf.EnableRunTimeStats(); !st) {
+      std::fprintf(stderr, "%s: --bpf-stats: %s\n", run.self, st.error().message.c_str());
+    }
+  }
   if (int rc = StartChild(run); rc != 0) return rc;
   const auto start = std::chrono::steady_clock::now();
   auto next_refresh = start + Seconds(run.interval);
@@ -255,8 +261,14 @@ int RunBpf(StatRun& run, sources::bpf::BpfKvmStat& bpf) {
         }
         print(*snap, false);
       });
+  const sources::bpf::BpfKvmStat::RunTime rt = bpf.ProgramRunTime();
   bpf.Detach();
   StopChild(run);
+  if (run.bpf_stats && rt.runs != 0) {
+    std::fprintf(stderr, "%s: BPF programs ran %llu times, %.1f ns per run (kernel run time)\n",
+                 run.self, static_cast<unsigned long long>(rt.runs),
+                 static_cast<double>(rt.ns) / static_cast<double>(rt.runs));
+  }
   if (!failure) return ReportError(run.self, failure.error());
   auto snap = bpf.Read();
   if (!snap) return ReportError(run.self, snap.error());
@@ -395,6 +407,9 @@ int KvmStatMain(int argc, char** argv) {
                  "also print the (cumulative) table every SECS seconds (default: at the end "
                  "only)")
       ->check(kFiniteNonNegative & CLI::Range(0.0, 86400.0));
+  app.add_flag("--bpf-stats", run.bpf_stats,
+               "print the programs' own run time per tracepoint hit at the end (the kernel's "
+               "BPF_ENABLE_STATS, on for this run only)");
   app.add_option("--tracefs", run.tracefs_dir,
                  "tracefs mount point (default: $EXITSCOPE_TRACEFS or /sys/kernel/tracing)");
   if (auto rc = ParseArgs(app, own_argc, argv)) return *rc;

@@ -2,6 +2,7 @@
 
 #include <traceevent/event-parse.h>
 
+#include <unistd.h>
 #include <cerrno>
 #include <cstdarg>
 #include <cstdio>
@@ -134,9 +135,11 @@ std::string KeyBytes(const ks_key& k) {
 struct BpfKvmStat::Impl {
   kvm_stat_bpf* skel = nullptr;
   std::vector<bpf_link*> links;
+  int stats_fd = -1;
   ~Impl() {
     for (bpf_link* l : links) bpf_link__destroy(l);
     if (skel) kvm_stat_bpf__destroy(skel);
+    if (stats_fd >= 0) ::close(stats_fd);
   }
 };
 
@@ -225,6 +228,31 @@ void BpfKvmStat::Detach() noexcept {
   impl_->links.clear();
 }
 
+Status BpfKvmStat::EnableRunTimeStats() {
+  if (impl_->stats_fd >= 0) return {};
+  const int fd = bpf_enable_stats(BPF_STATS_RUN_TIME);
+  if (fd < 0) {
+    return Fail(ErrorCode::kUnavailable,
+                fmt::format("BPF run-time statistics: {}", std::strerror(errno)));
+  }
+  impl_->stats_fd = fd;
+  return {};
+}
+
+BpfKvmStat::RunTime BpfKvmStat::ProgramRunTime() const {
+  RunTime rt;
+  for (int e = 0; e < KS_EV_COUNT; ++e) {
+    const int fd = bpf_program__fd(ProgramFor(impl_->skel, e));
+    if (fd < 0) continue;
+    bpf_prog_info info{};
+    __u32 len = sizeof info;
+    if (bpf_obj_get_info_by_fd(fd, &info, &len) != 0) continue;
+    rt.runs += info.run_cnt;
+    rt.ns += info.run_time_ns;
+  }
+  return rt;
+}
+
 Result<BpfKvmSnapshot> BpfKvmStat::Read() const {
   BpfKvmSnapshot snap;
   timespec ts{};
@@ -298,6 +326,12 @@ Result<BpfKvmSnapshot> BpfKvmStat::Read() const {
   return Fail(ErrorCode::kUnavailable, "built without BPF");
 }
 void BpfKvmStat::Detach() noexcept {}
+Status BpfKvmStat::EnableRunTimeStats() {
+  return Fail(ErrorCode::kUnavailable, "built without BPF");
+}
+BpfKvmStat::RunTime BpfKvmStat::ProgramRunTime() const {
+  return {};
+}
 
 #endif  // EXITSCOPE_HAVE_BPF
 

@@ -71,6 +71,17 @@ class BpfKvmStat {
   // Detaches every program: the maps stop changing (call before the final Read()).
   void Detach() noexcept;
 
+  // The kernel's own accounting of the programs (BPF_ENABLE_STATS): EnableRunTimeStats()
+  // turns it on until this object is destroyed (the kernel turns it off again when the last
+  // holder closes its fd; it costs two clock reads per program run). RunTime() sums every
+  // program's run count and run time; zero when not enabled.
+  Status EnableRunTimeStats();
+  struct RunTime {
+    uint64_t runs = 0;
+    uint64_t ns = 0;
+  };
+  RunTime ProgramRunTime() const;
+
   // The tracepoints attached ("kvm_exit", ...), and those this kernel lacks.
   const std::vector<std::string>& attached() const noexcept { return attached_; }
   const std::vector<std::string>& missing() const noexcept { return missing_; }

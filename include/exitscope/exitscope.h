@@ -189,7 +189,7 @@ ES_EXPORT es_status es_check_dump(const char* path);
  * A collector thread reads the rings; the vCPUs' hot path is unchanged. `listen` is
  * "ADDR:PORT" (IPv4) or ":PORT" (= 127.0.0.1:PORT); NULL = "127.0.0.1:9464"; port 0 picks a
  * free port (es_metrics_port). ES_EINVAL for a bad address, ES_EIO when it cannot be bound.
- * Stop it with es_metrics_stop before es_recorder_destroy. */
+ * Stop it with es_metrics_stop (up to ~2 s: civetweb's poll period) before es_recorder_destroy. */
 typedef struct es_metrics es_metrics;
 ES_EXPORT es_status es_serve_metrics(const es_recorder* rec, const char* listen, es_metrics** out);
 ES_EXPORT uint16_t es_metrics_port(const es_metrics* metrics); /* 0 for NULL */

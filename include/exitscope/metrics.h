@@ -73,7 +73,9 @@ class EXITSCOPE_EXPORT MetricsExporter {
   // address cannot be bound, e.g. in use) and starts the collector thread.
   static Result<std::unique_ptr<MetricsExporter>> Start(const Recorder& recorder,
                                                         const MetricsOptions& options = {});
-  ~MetricsExporter();  // stops the listener, then the collector thread
+  // Stops the listener, then the collector thread. Takes up to ~2 s: civetweb's listener wakes
+  // from its poll only that often.
+  ~MetricsExporter();
   MetricsExporter(const MetricsExporter&) = delete;
   MetricsExporter& operator=(const MetricsExporter&) = delete;
 

@@ -4,7 +4,7 @@
 //   exitscope kvm live [-d SECS] [--stop-after SECS] [--event ...] [--vcpu N] [-p PID]
 //                      [-k KEY] [--duration USEC] [--percentiles] [--per-vcpu] [--per-vm]
 //                      [--histogram] [--format table|json|csv] [--device-map FILE]
-//                      [--cumulative]
+//                      [--cumulative] [--metrics ADDR:PORT]
 //
 // Records come from tracefs raw per-CPU pages (a private instance, every setting restored on
 // exit, Ctrl-C included), are decoded with kvm-analysis's KvmTepDecoder, paired into exits
@@ -29,7 +29,9 @@
 #include "analysis/kvm_stats.h"
 #include "cli/commands.h"
 #include "cli/kvm_flags.h"
+#include "cli/kvm_live_metrics.h"
 #include "cli/parse_args.h"
+#include "exitscope/metrics.h"
 #include "fmt/format.h"
 #include "report/kvm_report.h"
 #include "sources/kvm_device_map.h"
@@ -64,6 +66,7 @@ int KvmLiveMain(int argc, char** argv) {
   KvmAnalysisFlags flags;
   bool cumulative = false, no_clear = false;
   size_t buffer_kb = 0;
+  std::string metrics_listen;
   app.add_option("-d,--delay", interval, "refresh every SECS seconds (default 1)")
       ->check(kFinitePositive & CLI::Range(0.05, 86400.0));
   app.add_option("--stop-after", stop_after, "stop after SECS seconds (default: Ctrl-C)")
@@ -81,7 +84,14 @@ int KvmLiveMain(int argc, char** argv) {
   app.add_option("--tracefs", tracefs_dir,
                  "tracefs mount point (default: $EXITSCOPE_TRACEFS "
                  "or /sys/kernel/tracing)");
+  app.add_option("--metrics", metrics_listen,
+                 "also serve the exits as Prometheus metrics on http://ADDR:PORT/metrics "
+                 "(:PORT = 127.0.0.1:PORT; docs/prometheus.md)");
   if (auto rc = ParseArgs(app, argc, argv)) return *rc;
+  if (!metrics_listen.empty()) {
+    if (auto l = ParseMetricsListen(metrics_listen); !l)
+      return UsageError(self, "--" + l.error().message);
+  }
 
   analysis::KvmAnalysisOptions aopts;
   report::KvmRenderOptions ropts;
@@ -119,7 +129,15 @@ int KvmLiveMain(int argc, char** argv) {
     };
   }
   analysis::KvmAggregator agg(aopts);
-  sources::KvmPairer pairer(popts, &agg);
+  std::unique_ptr<KvmLiveMetrics> metrics;  // a tee in front of the aggregator
+  if (!metrics_listen.empty()) {
+    auto m = KvmLiveMetrics::Start(metrics_listen, &agg, aopts.slow_ns, devices != nullptr);
+    if (!m) return ReportError(self, m.error());
+    metrics = std::move(*m);
+    std::fprintf(stderr, "exitscope kvm live: metrics on http://%s/metrics\n",
+                 metrics->address().c_str());
+  }
+  sources::KvmPairer pairer(popts, metrics ? static_cast<EventSink*>(metrics.get()) : &agg);
   sources::KvmLiveFeeder merger(tep->get(), &pairer, lag);
   sources::RawPageDecoder pages(tep->get());
   auto sink = [&](int cpu, const uint8_t* page, size_t size) -> Status {
@@ -144,6 +162,7 @@ int KvmLiveMain(int argc, char** argv) {
   int refresh = 0;
   auto render = [&](bool final_one) {
     agg.Finish();
+    if (metrics) metrics->SetLostEvents(pages.lost_events());
     ++refresh;
     std::string out;
     if (format == "table") {

@@ -5,10 +5,12 @@
 //   exitscope run [--vcpus N] [--guest NAME|PATH] [--serial PATH] [--disk PATH]
 //                 [--inject SPEC]... [--slow MS] [--dump PATH] [--duration SECONDS]
 //                 [--no-record] [--format table|json] [--list-guests]
+//                 [--metrics ADDR:PORT [--linger SECONDS]]
 //
 // Exit status: 0 the guest passed (or --duration stopped it without a failure), 1 the guest
 // failed, a fatal guest error or no /dev/kvm, 2 bad usage.
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -20,6 +22,7 @@
 #include "cli/commands.h"
 #include "cli/parse_args.h"
 #include "exitscope/dump.h"
+#include "exitscope/metrics.h"
 #include "vmm/guest_image.h"
 #include "vmm/kvm.h"
 #include "vmm/vmm.h"
@@ -30,9 +33,11 @@ namespace exitscope::cli {
 namespace {
 
 std::atomic<vmm::Vmm*> g_running_vmm{nullptr};
+std::atomic<bool> g_stop_linger{false};
 
 extern "C" void OnStopSignal(int) {
   if (vmm::Vmm* v = g_running_vmm.load()) v->RequestStop();
+  g_stop_linger.store(true);
 }
 
 int Usage(const char* self, const std::string& what) {
@@ -147,6 +152,8 @@ int RunMain(int argc, char** argv) {
   std::string format = "table";
   bool list = false, no_record = false, no_dump = false;
   uint64_t disk_mb = 16, mem_mb = ES_DEFAULT_MEM_SIZE >> 20;
+  std::string metrics_listen;
+  double linger_s = 0;
   app.add_option("--vcpus", cfg.vcpus, "number of vCPUs, one thread each (1..16)")
       ->check(kNonNegativeInteger)
       ->default_val(2);
@@ -189,6 +196,13 @@ int RunMain(int argc, char** argv) {
       ->check(kFiniteNonNegative);
   app.add_flag("--no-record", no_record, "run without the recorder (for overhead comparisons)");
   app.add_option("--format", format, "report format: table | json")->default_val("table");
+  app.add_option("--metrics", metrics_listen,
+                 "serve Prometheus metrics on http://ADDR:PORT/metrics while the guest runs "
+                 "(:PORT = 127.0.0.1:PORT; docs/prometheus.md)");
+  app.add_option("--linger", linger_s,
+                 "with --metrics: keep serving SECONDS after the guest stopped, so the last "
+                 "values get scraped (Ctrl-C ends it)")
+      ->check(kFiniteNonNegative);
   if (auto rc = ParseArgs(app, argc, argv)) return *rc;
   if (list) return ListGuests();
   if (format != "table" && format != "json")
@@ -199,6 +213,15 @@ int RunMain(int argc, char** argv) {
   if (cfg.slow_ms == 0) return Usage(self, "--slow: must be at least 1 ms");
   if (disk_mb == 0 || disk_mb > (1 << 20)) return Usage(self, "--disk-size: out of range");
   if (mem_mb < 16 || mem_mb > 65536) return Usage(self, "--mem: out of range (16..65536 MiB)");
+  MetricsOptions mopts;
+  if (!metrics_listen.empty()) {
+    if (no_record) return Usage(self, "--metrics: needs the recorder (drop --no-record)");
+    auto listen = ParseMetricsListen(metrics_listen);
+    if (!listen) return Usage(self, "--" + listen.error().message);
+    mopts.listen = *listen;
+  } else if (linger_s > 0) {
+    return Usage(self, "--linger: only with --metrics");
+  }
   for (const std::string& s : injects) {
     auto spec = vmm::ParseInjectSpec(s);
     if (!spec) return Usage(self, spec.error().message);
@@ -218,6 +241,14 @@ int RunMain(int argc, char** argv) {
   }
   auto vm = vmm::Vmm::Create(cfg);
   if (!vm) return FailWith(self, vm.error());
+  std::unique_ptr<MetricsExporter> metrics;  // destroyed before the Vmm and its recorder
+  if (!metrics_listen.empty()) {
+    auto m = MetricsExporter::Start(*(*vm)->recorder(), mopts);
+    if (!m) return FailWith(self, m.error());
+    metrics = std::move(*m);
+    std::fprintf(stderr, "exitscope run: metrics on http://%s/metrics\n",
+                 metrics->address().c_str());
+  }
   g_running_vmm.store(vm->get());
   struct sigaction sa {
   }, old_int{}, old_term{};
@@ -226,6 +257,10 @@ int RunMain(int argc, char** argv) {
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
   auto result = (*vm)->Run();
+  if (metrics) {
+    metrics->Collect();
+    for (double left = linger_s; left > 0 && !g_stop_linger.load(); left -= 0.1) ::usleep(100'000);
+  }
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
   g_running_vmm.store(nullptr);

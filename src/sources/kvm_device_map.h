@@ -100,7 +100,7 @@ class KvmDeviceMap final : public KvmDeviceResolver {
     bool ecam = false;
   };
   std::unique_ptr<AddressSpace> space_;
-  std::deque<std::string> names_;  // device names by index
+  std::deque<std::string> names_;                              // device names by index
   std::map<std::pair<uint8_t, uint64_t>, RangeExtra> extras_;  // by (space, range base)
   mutable std::deque<std::string> regs_;
   mutable std::unordered_map<Key, Entry, KeyHash> cache_;

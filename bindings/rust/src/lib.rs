@@ -670,6 +670,52 @@ impl Recorder {
     }
 }
 
+impl Recorder {
+    /// Serves the recorder's exits as Prometheus metrics (GET /metrics; names in
+    /// docs/prometheus.md) from a collector thread; the hot path is unchanged. `listen` is
+    /// "ADDR:PORT" or ":PORT" (127.0.0.1), `None` for "127.0.0.1:9464"; port 0 picks a free one.
+    /// The endpoint holds a clone of the recorder, so it always stops before the recorder is
+    /// destroyed (the C API's rule); dropping it stops it (up to ~2 s).
+    pub fn serve_metrics(&self, listen: Option<&str>) -> Result<MetricsEndpoint> {
+        let listen = listen.map(|l| c_string(l, "metrics listen address")).transpose()?;
+        let mut raw = std::ptr::null_mut();
+        let p = listen.as_ref().map_or(std::ptr::null(), |l| l.as_ptr());
+        check(unsafe { sys::es_serve_metrics(self.raw(), p, &mut raw) })?;
+        let raw = NonNull::new(raw)
+            .ok_or_else(|| Error::new(ErrorCode::Internal, "es_serve_metrics returned NULL"))?;
+        Ok(MetricsEndpoint { raw, _recorder: self.clone() })
+    }
+}
+
+/// A running Prometheus endpoint (see [`Recorder::serve_metrics`]); stopped on drop.
+pub struct MetricsEndpoint {
+    raw: NonNull<sys::es_metrics>,
+    _recorder: Recorder,
+}
+
+// SAFETY: a handle to the exporter's own threads; stopping it from another thread is what
+// es_metrics_stop is for. Not Sync: the C API says nothing of concurrent calls on one handle.
+unsafe impl Send for MetricsEndpoint {}
+
+impl fmt::Debug for MetricsEndpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MetricsEndpoint").field("port", &self.port()).finish()
+    }
+}
+
+impl MetricsEndpoint {
+    /// The port it listens on (the one picked when asked for port 0).
+    pub fn port(&self) -> u16 {
+        unsafe { sys::es_metrics_port(self.raw.as_ptr()) }
+    }
+}
+
+impl Drop for MetricsEndpoint {
+    fn drop(&mut self) {
+        unsafe { sys::es_metrics_stop(self.raw.as_ptr()) }
+    }
+}
+
 /// Validates a dump file: Ok, or [`ErrorCode::Corrupt`] / [`ErrorCode::Unsupported`] /
 /// [`ErrorCode::NotFound`] / [`ErrorCode::Io`] with the reader's message.
 pub fn check_dump(path: impl AsRef<Path>) -> Result<()> {

@@ -361,3 +361,40 @@ fn errors_carry_the_status_and_the_library_message() {
     let mut v1 = v1;
     drop(v1.begin_exit(Exit::of_kind(ExitKind::Hlt)));
 }
+
+#[test]
+fn metrics_endpoint_serves_the_recorded_exits() {
+    use std::io::{Read, Write};
+    let rec = Recorder::new(&quiet(1)).unwrap();
+    let uart = rec.add_device("uart0", "uart16550").unwrap();
+    rec.add_range(Space::Pio, 0x3f8, 8, uart, RegisterMap::Builtin("uart16550")).unwrap();
+    assert_eq!(
+        rec.serve_metrics(Some("not-an-address")).unwrap_err().code(),
+        ErrorCode::InvalidArgument
+    );
+    let endpoint = rec.serve_metrics(Some("127.0.0.1:0")).unwrap();
+    assert_ne!(endpoint.port(), 0);
+    let mut vcpu = rec.vcpu(0).unwrap();
+    for b in b"abc" {
+        drop(vcpu.begin_exit(Exit::pio(0x3f8, 1, Dir::Write, u64::from(*b))));
+    }
+    // The collector folds the rings on its own schedule: scrape until the exits show up.
+    let scrape = || {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", endpoint.port())).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).unwrap();
+        body
+    };
+    let mut last = String::new();
+    let seen = wait_for(20, || {
+        last = scrape();
+        last.lines().any(|l| {
+            l.starts_with("exitscope_exit_duration_seconds_count")
+                && l.contains("uart0")
+                && l.ends_with(" 3")
+        })
+    });
+    assert!(seen, "no count of 3 uart0 exits in:\n{last}");
+    drop(endpoint);
+}

@@ -22,6 +22,13 @@ pub struct es_recorder {
     _marker: core::marker::PhantomData<(*mut u8, core::marker::PhantomPinned)>,
 }
 
+/// Opaque Prometheus endpoint handle (`es_metrics*`).
+#[repr(C)]
+pub struct es_metrics {
+    _private: [u8; 0],
+    _marker: core::marker::PhantomData<(*mut u8, core::marker::PhantomPinned)>,
+}
+
 pub type es_status = c_int;
 pub const ES_OK: es_status = 0;
 pub const ES_EINVAL: es_status = -1;
@@ -212,6 +219,14 @@ extern "C" {
     ) -> es_status;
     pub fn es_get_counters(rec: *const es_recorder, out: *mut es_counters) -> es_status;
     pub fn es_check_dump(path: *const c_char) -> es_status;
+
+    pub fn es_serve_metrics(
+        rec: *const es_recorder,
+        listen: *const c_char,
+        out: *mut *mut es_metrics,
+    ) -> es_status;
+    pub fn es_metrics_port(metrics: *const es_metrics) -> u16;
+    pub fn es_metrics_stop(metrics: *mut es_metrics);
 }
 
 #[cfg(test)]

@@ -2,55 +2,72 @@
 // health, aggregated per exit kind, device, register and vCPU, with the slow exits, the
 // watchdog findings (each with the I/Os in flight at that moment) and every loss counter.
 //
-//   exitscope::analysis::ExitSummary s = exitscope::analysis::Summarize(dump, {});
-//   for (const auto& g : s.by_register) printf("%s %llu\n", g.key.c_str(), g.stats.count());
+// The summary is an EventSink (ExitSummaryBuilder) fed by the dump's event stream
+// (sources::DumpSource); its tables are rows of the one grouping engine (exit_table.h), the
+// same rows the kvm tables are made of. Summarize(dump) is DumpSource -> builder, plus the
+// dump's counters (losses, the embedder's per-vCPU counters), which are no events.
 //
-// Group keys: kind "MMIO" / "PIO" / "HLT" ...; device "nvme0" or "unassigned"; register
-// "nvme0.SQ1TDBL write" ("nvme0+0x2000 read" where no register covers the offset,
-// "unassigned 0xdead0000 read" for unregistered addresses); vCPU "0", "1", ...
-// Groups are sorted by total time, largest first.
+//   exitscope::analysis::ExitSummary s = exitscope::analysis::Summarize(dump, {});
+//   for (const auto& r : s.by_register.rows) printf("%s %llu\n", r->key.c_str(), r->stats.count());
+//
+// Group keys (ExitKey of exit_table.h): kind "MMIO" / "PIO" / "HLT" ...; device "nvme0" or
+// "unassigned"; register "nvme0.SQ1TDBL write" ("nvme0+0x2000 read" where no register covers
+// the offset, "unassigned 0xdead0000 read" for unregistered addresses); vCPU "0", "1", ...
+// Rows are sorted by total time, largest first (ties by key); vCPUs by number.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "analysis/exit_table.h"
 #include "analysis/histogram.h"
 #include "exitscope/dump.h"
+#include "sources/event.h"
 
 namespace exitscope::analysis {
 
 struct SummaryFilter {
   std::optional<uint32_t> vcpu;       // only this vCPU
-  std::optional<std::string> device;  // only exits on this device ("unassigned" allowed)
-};
-
-struct ExitGroup {
-  std::string key;
-  LatencyStats stats;
+  std::optional<std::string> device;  // only exits on this device ("unassigned" allowed: every
+                                      // exit with no device, HLT and the like included)
 };
 
 // An exit worth a line of its own (slow, stalled, or still in progress at snapshot time).
 struct NotableExit {
-  DumpExit exit;
+  uint64_t start_ns = 0;
+  uint64_t duration_ns = 0;  // so far, when in_progress
+  uint32_t vcpu = 0;
+  ExitKind kind = ExitKind::kUnknown;
+  AccessDir dir = AccessDir::kNone;
+  uint8_t size = 0;
+  uint64_t addr = 0;
+  uint8_t flags = 0;        // ExitFlags
+  std::string target;       // TargetName: "nvme0.SQ1TDBL"
   std::string description;  // "exit MMIO write 4B to nvme0.SQ1TDBL (0xfebf1008)"
   bool in_progress = false;
 };
 
 struct InflightIo {
-  uint32_t device = kUnassigned;
   std::string device_name;
   uint64_t io_id = 0;
   uint64_t submitted_ns = 0;
   uint64_t age_ns = 0;  // at the moment of the finding
 };
 
+// A finding (event.h Finding, with its strings owned) and the I/Os in flight at its time.
 struct FindingWithContext {
-  FindingRecord finding;
+  uint64_t time_ns = 0;
+  FindingType type = FindingType::kStuckExitBegin;
+  uint32_t vcpu = 0;
+  uint64_t duration_ns = 0;
   std::string device_name;
+  uint64_t io_id = 0;
+  std::string text;
   std::vector<InflightIo> in_flight;  // I/Os submitted and not completed at finding time,
-                                      // as far as the device-event ring still shows them
+                                      // as far as the device events still show them
 };
 
 // Losses: nothing is dropped silently.
@@ -76,10 +93,10 @@ struct ExitSummary {
   uint64_t last_ns = 0;   // end of the last exit
   double span_s() const noexcept { return last_ns > first_ns ? (last_ns - first_ns) / 1e9 : 0.0; }
   LatencyStats all;
-  std::vector<ExitGroup> by_kind;
-  std::vector<ExitGroup> by_device;
-  std::vector<ExitGroup> by_register;
-  std::vector<ExitGroup> by_vcpu;
+  ExitTable by_kind;
+  ExitTable by_device;
+  ExitTable by_register;
+  ExitTable by_vcpu;
   std::vector<NotableExit> slow;  // slow or stalled exits, then in-progress ones; time order
   std::vector<FindingWithContext> findings;  // time order
   // Per-vCPU named counters from the embedder (e.g. KVM binary stats "kvm.exits"), summed
@@ -88,9 +105,36 @@ struct ExitSummary {
   LossCounters losses;
 };
 
-ExitSummary Summarize(const Dump& dump, const SummaryFilter& filter);
+// The summary of one event stream: every exit (ExitEnd::kSeen) into the tables; slow or
+// stalled exits (ExitEvent::flags) and exits open at end into `slow`; findings with the
+// I/Os in flight, replayed from the I/O submit / complete device events.
+class ExitSummaryBuilder final : public EventSink {
+ public:
+  explicit ExitSummaryBuilder(SummaryFilter filter);
+  void OnExit(const ExitEvent& e) override;
+  void OnDeviceEvent(const DeviceEvent& e) override;
+  void OnFinding(const Finding& f) override;
+  // Sorts the tables and lists, matches findings with I/Os; call once, after the source.
+  ExitSummary Finish();
 
-// "nvme0.SQ1TDBL", "nvme0+0x2000", "unassigned 0xdead0000" (no direction).
-std::string ExitTarget(const Dump& dump, const DumpExit& e);
+ private:
+  bool PassesDevice(std::string_view device) const;
+  struct Io {
+    uint64_t time_ns;
+    bool submit;
+    std::string device;
+    uint64_t io_id;
+  };
+
+  SummaryFilter filter_;
+  ExitSummary s_;
+  ExitGrouper kinds_{&s_.by_kind}, devices_{&s_.by_device}, registers_{&s_.by_register},
+      vcpus_{&s_.by_vcpu};
+  std::string scratch_;
+  bool first_ = true;
+  std::vector<Io> ios_;
+};
+
+ExitSummary Summarize(const Dump& dump, const SummaryFilter& filter);
 
 }  // namespace exitscope::analysis

@@ -52,56 +52,20 @@ bool ParseKvmSortKey(std::string_view s, KvmSortKey* out) noexcept {
   return false;
 }
 
-std::vector<const KvmRow*> SortedRows(const KvmGroup& g, KvmSortKey key) {
-  std::vector<const KvmRow*> rows;
-  rows.reserve(g.rows.size());
-  for (const auto& r : g.rows) rows.push_back(r.get());
-  const auto value = [key](const KvmRow* r) -> double {
-    const LatencyStats& s = r->stats;
-    switch (key) {
-      case KvmSortKey::kSample:
-        return static_cast<double>(s.count());
-      case KvmSortKey::kTime:
-        return static_cast<double>(s.sum());
-      case KvmSortKey::kMax:
-        return static_cast<double>(s.max());
-      case KvmSortKey::kMin:
-        return static_cast<double>(s.min());
-      case KvmSortKey::kAvg:
-        return s.mean();
-      case KvmSortKey::kP50:
-        return static_cast<double>(s.Quantile(0.5));
-      case KvmSortKey::kP99:
-        return static_cast<double>(s.Quantile(0.99));
-      case KvmSortKey::kP999:
-        return static_cast<double>(s.Quantile(0.999));
-    }
-    return 0;
-  };
-  std::stable_sort(rows.begin(), rows.end(), [&](const KvmRow* a, const KvmRow* b) {
-    const double va = value(a), vb = value(b);
-    if (va != vb) return va > vb;
-    return a->key < b->key;
-  });
-  return rows;
-}
-
 KvmAggregator::KvmAggregator(KvmAnalysisOptions options) : options_(std::move(options)) {
   analysis_.event = options_.event;
-  all_.group = &analysis_.all;
+  all_ = std::make_unique<ExitGrouper>(&analysis_.all);
 }
 
 void KvmAggregator::Reset() {
-  const KvmAnalysisOptions keep = options_;
-  analysis_ = KvmAnalysis{};
-  analysis_.event = keep.event;
-  all_ = GroupIndex{};
-  all_.group = &analysis_.all;
   vm_groups_.clear();
   vcpu_groups_.clear();
+  analysis_ = KvmAnalysis{};
+  analysis_.event = options_.event;
+  all_ = std::make_unique<ExitGrouper>(&analysis_.all);
 }
 
-bool KvmAggregator::Classify(const ExitEvent& e, Key* key) const {
+bool KvmAggregator::Classify(const ExitEvent& e, RowKey* key) const {
   switch (options_.event) {
     case KvmEventClass::kVmexit:
       key->name = e.reason;
@@ -139,8 +103,7 @@ bool KvmAggregator::Classify(const ExitEvent& e, Key* key) const {
   return false;
 }
 
-std::string KvmAggregator::KeyText(const Key& key, const ExitEvent& e) const {
-  (void)e;
+std::string KvmAggregator::KeyText(const RowKey& key) const {
   const bool write = key.dir == static_cast<uint8_t>(AccessDir::kWrite);
   switch (options_.event) {
     case KvmEventClass::kVmexit:
@@ -175,67 +138,34 @@ std::string KvmAggregator::NameText(const ExitEvent& e) const {
   }
 }
 
-void KvmAggregator::Count(KvmGroup& g, KvmRow& row, const ExitEvent& e) {
-  ++g.samples;
-  const bool in_kernel = e.kernel_access || !e.userspace;
-  if (in_kernel) {
-    ++row.in_kernel;
-    ++g.in_kernel;
-  }
-  if (e.end != ExitEnd::kSeen) {
-    ++row.untimed;
-    ++g.untimed;
-    return;
-  }
-  row.stats.Add(e.duration_ns);
-  g.time_ns += e.duration_ns;
+void KvmAggregator::Add(ExitGrouper& g, const RowKey& key, const ExitEvent& e) {
+  ExitRow& row = g.Row(key, [&] { return RowText{KeyText(key), NameText(e)}; });
+  g.Add(row, e);
 }
 
-void KvmAggregator::Add(GroupIndex& gi, const Key& key, const ExitEvent& e) {
-  // Exits come in runs of one key: try the last row before hashing.
-  if (gi.last != nullptr && gi.last_key.sub == key.sub && gi.last_key.dir == key.dir &&
-      gi.last_key.name == key.name) {
-    Count(*gi.group, *gi.last, e);
-    return;
-  }
-  auto it = gi.rows.find(key);
-  if (it == gi.rows.end()) {
-    auto row = std::make_unique<KvmRow>();
-    row->key = KeyText(key, e);
-    row->name = NameText(e);
-    Key stored = key;
-    if (!stored.name.empty()) stored.name = row->key;  // own the bytes the map key views
-    it = gi.rows.emplace(stored, row.get()).first;
-    gi.group->rows.push_back(std::move(row));
-  }
-  gi.last = it->second;
-  gi.last_key = it->first;  // views the row's own bytes
-  Count(*gi.group, *it->second, e);
-}
-
-KvmAggregator::GroupIndex& KvmAggregator::VmGroup(int64_t vm) {
+ExitGrouper& KvmAggregator::VmGroup(int64_t vm) {
   auto [it, inserted] = vm_groups_.try_emplace(vm);
   if (inserted) {
     analysis_.per_vm.push_back(std::make_unique<KvmGroup>());
-    it->second.group = analysis_.per_vm.back().get();
-    it->second.group->vm = vm;
+    analysis_.per_vm.back()->vm = vm;
+    it->second = std::make_unique<ExitGrouper>(analysis_.per_vm.back().get());
   }
-  return it->second;
+  return *it->second;
 }
 
-KvmAggregator::GroupIndex& KvmAggregator::VcpuGroup(int64_t vm, int64_t vcpu) {
+ExitGrouper& KvmAggregator::VcpuGroup(int64_t vm, int64_t vcpu) {
   auto [it, inserted] = vcpu_groups_.try_emplace({vm, vcpu});
   if (inserted) {
     analysis_.per_vcpu.push_back(std::make_unique<KvmGroup>());
-    it->second.group = analysis_.per_vcpu.back().get();
-    it->second.group->vm = vm;
-    it->second.group->vcpu = vcpu;
+    analysis_.per_vcpu.back()->vm = vm;
+    analysis_.per_vcpu.back()->vcpu = vcpu;
+    it->second = std::make_unique<ExitGrouper>(analysis_.per_vcpu.back().get());
   }
-  return it->second;
+  return *it->second;
 }
 
 void KvmAggregator::OnExit(const ExitEvent& e) {
-  Key key;
+  RowKey key;
   const bool exit_class =
       options_.event == KvmEventClass::kVmexit || options_.event == KvmEventClass::kUserspace;
   const bool keep = !(e.kernel_access && exit_class) && Classify(e, &key) &&
@@ -258,18 +188,18 @@ void KvmAggregator::OnExit(const ExitEvent& e) {
     ++analysis_.open_at_end;
     if (analysis_.open_exits.size() < KvmAnalysis::kMaxOpenExitsKept) {
       analysis_.open_exits.push_back({e.start_ns, e.vm, e.vcpu, e.tid, std::string(e.reason),
-                                      KeyText(key, e), std::string(e.device), std::string(e.reg)});
+                                      KeyText(key), std::string(e.device), std::string(e.reg)});
     }
     return;
   }
-  Add(all_, key, e);
+  Add(*all_, key, e);
   if (options_.per_vm) Add(VmGroup(e.vm), key, e);
   if (options_.per_vcpu) Add(VcpuGroup(e.vm, e.vcpu), key, e);
   if (options_.slow_ns != 0 && e.end == ExitEnd::kSeen && e.duration_ns >= options_.slow_ns) {
     ++analysis_.slow_exits;
     if (options_.on_slow) {
-      const auto it = all_.rows.find(key);  // keys compare by content
-      const std::string_view text = it != all_.rows.end() ? it->second->key : std::string_view{};
+      const ExitRow* row = all_->Find(key);  // keys compare by content
+      const std::string_view text = row != nullptr ? row->key : std::string_view{};
       options_.on_slow(e, text);
     }
   }

@@ -13,8 +13,9 @@
 //   mmio       exits with a guest-physical address             ("0xfebf1008:W")
 //   msr        exits with an MSR index                          ("0xc0000080:R")
 //   hypercall  hypercall exits, keyed by HC_* name or number   ("HC_WRMSR", "nr 0x9")
-// Each key is a row of LatencyStats (count, sum, min, max, standard error, fixed-memory
-// log-linear histogram for percentiles); an event costs one hash lookup per breakdown.
+// Each key is a row of the grouping engine (exit_table.h: LatencyStats with count, sum, min,
+// max, standard error, fixed-memory log-linear histogram for percentiles); an event costs one
+// hash lookup per breakdown.
 //
 // Events without a time (ExitEvent::end != kSeen) are counted, never timed:
 //  - an access handled in the kernel with no exit record (ExitEvent::kernel_access) is a
@@ -35,6 +36,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "analysis/exit_table.h"
 #include "analysis/histogram.h"
 #include "sources/event.h"
 
@@ -58,27 +60,10 @@ struct KvmAnalysisOptions {
   std::function<void(const ExitEvent&, std::string_view key)> on_slow{};
 };
 
-// One key's row.
-struct KvmRow {
-  std::string key;         // as printed: "IO", "0x3f8:POUT"
-  std::string name;        // resolved name: device.register, MSR name; may be empty
-  LatencyStats stats;      // samples with a known time
-  uint64_t untimed = 0;    // samples whose time the trace does not show
-  uint64_t in_kernel = 0;  // samples (timed or not) handled in the kernel: no userspace exit
-  uint64_t samples() const noexcept { return stats.count() + untimed; }
-  uint64_t to_vmm() const noexcept { return samples() - in_kernel; }
-};
-
-// The rows of one scope (everything, one VM, or one vCPU of one VM).
-struct KvmGroup {
-  int64_t vm = -1;                            // -1: all VMs
-  int64_t vcpu = -1;                          // -1: all vCPUs
-  std::vector<std::unique_ptr<KvmRow>> rows;  // in first-seen order
-  uint64_t samples = 0;                       // every sample, timed or not
-  uint64_t time_ns = 0;                       // of the timed samples
-  uint64_t untimed = 0;                       // samples without a time
-  uint64_t in_kernel = 0;                     // samples handled in the kernel
-};
+// A row and the rows of one scope (everything, one VM, or one vCPU of one VM) are the grouping
+// engine's (exit_table.h), the same the exit-health report of a dump is made of.
+using KvmRow = ExitRow;
+using KvmGroup = ExitTable;
 
 // An exit still open when the trace ended: the vCPU never re-entered the guest.
 struct KvmOpenExit {
@@ -103,10 +88,9 @@ struct KvmAnalysis {
 };
 
 // Sort order of rows, as perf's --key plus percentiles. All descending.
-enum class KvmSortKey : uint8_t { kSample = 0, kTime, kMax, kMin, kAvg, kP50, kP99, kP999 };
+using KvmSortKey = RowOrder;
+// Parses "sample", "time", "max", "min", "avg" / "mean", "p50", "p99", "p999" / "p99.9".
 bool ParseKvmSortKey(std::string_view s, KvmSortKey* out) noexcept;
-// Rows of `g` ordered by `key` (descending; ties by key text).
-std::vector<const KvmRow*> SortedRows(const KvmGroup& g, KvmSortKey key);
 
 class KvmAggregator final : public EventSink {
  public:
@@ -120,36 +104,20 @@ class KvmAggregator final : public EventSink {
   void Reset();
 
  private:
-  struct Key {
-    std::string_view name;  // vmexit/userspace/hypercall: the reason; else empty
-    uint64_t sub = 0;
-    uint8_t dir = 0;
-    bool operator==(const Key&) const = default;
-  };
-  struct KeyHash {
-    size_t operator()(const Key& k) const noexcept {
-      return std::hash<std::string_view>()(k.name) ^ (k.sub * 0x9e3779b97f4a7c15ull) ^ k.dir;
-    }
-  };
-  struct GroupIndex {
-    KvmGroup* group = nullptr;
-    std::unordered_map<Key, KvmRow*, KeyHash> rows;
-    KvmRow* last = nullptr;  // the row of the previous exit
-    Key last_key;
-  };
-  bool Classify(const ExitEvent& e, Key* key) const;
-  std::string KeyText(const Key& key, const ExitEvent& e) const;
+  // perf's event classes are the key functions: Classify says whether an exit is in the class
+  // and gives its RowKey (the reason, or the sub-key and direction), KeyText prints it.
+  bool Classify(const ExitEvent& e, RowKey* key) const;
+  std::string KeyText(const RowKey& key) const;
   std::string NameText(const ExitEvent& e) const;
-  void Add(GroupIndex& gi, const Key& key, const ExitEvent& e);
-  static void Count(KvmGroup& g, KvmRow& row, const ExitEvent& e);
-  GroupIndex& VmGroup(int64_t vm);
-  GroupIndex& VcpuGroup(int64_t vm, int64_t vcpu);
+  void Add(ExitGrouper& g, const RowKey& key, const ExitEvent& e);
+  ExitGrouper& VmGroup(int64_t vm);
+  ExitGrouper& VcpuGroup(int64_t vm, int64_t vcpu);
 
   KvmAnalysisOptions options_;
   KvmAnalysis analysis_;
-  GroupIndex all_;
-  std::map<int64_t, GroupIndex> vm_groups_;
-  std::map<std::pair<int64_t, int64_t>, GroupIndex> vcpu_groups_;
+  std::unique_ptr<ExitGrouper> all_;
+  std::map<int64_t, std::unique_ptr<ExitGrouper>> vm_groups_;
+  std::map<std::pair<int64_t, int64_t>, std::unique_ptr<ExitGrouper>> vcpu_groups_;
 };
 
 }  // namespace exitscope::analysis

@@ -9,12 +9,14 @@
 #include <set>
 
 #include "report/format.h"
+#include "report/row_json.h"
 
 namespace exitscope::report {
 namespace {
 
-using analysis::ExitGroup;
+using analysis::ExitRow;
 using analysis::ExitSummary;
+using analysis::ExitTable;
 using analysis::LatencyStats;
 
 // Time of `ns` relative to the start of the recording, "+12.345678 s".
@@ -23,28 +25,30 @@ std::string Rel(uint64_t ns, uint64_t origin) {
   return fmt::format("+{:.6f} s", (ns - origin) / 1e9);
 }
 
-void GroupTable(std::string& out, const char* title, const char* key_name,
-                const std::vector<ExitGroup>& groups, double span_s, size_t max_rows) {
+// The rows of `table` in the order the summary sorted them.
+void GroupTable(std::string& out, const char* title, const char* key_name, const ExitTable& table,
+                double span_s, size_t max_rows) {
+  const auto& groups = table.rows;
   if (groups.empty()) return;
   size_t w = std::string_view(key_name).size();
-  for (const ExitGroup& g : groups) w = std::max(w, g.key.size());
+  for (const auto& g : groups) w = std::max(w, g->key.size());
   w = std::min<size_t>(w, 48);
   out += fmt::format("\n{}\n", title);
   out += fmt::format("  {:<{}} {:>10} {:>10} {:>11} {:>10} {:>10} {:>10} {:>10} {:>10}\n", key_name,
                      w, "count", "rate/s", "total", "min", "p50", "p99", "p99.9", "max");
   size_t shown = 0;
-  for (const ExitGroup& g : groups) {
+  for (const auto& g : groups) {
     if (max_rows && shown == max_rows) {
       out += fmt::format("  ... {} more (--format json lists all)\n", groups.size() - shown);
       break;
     }
     ++shown;
-    const LatencyStats& s = g.stats;
+    const LatencyStats& s = g->stats;
     const std::string rate = span_s > 0 ? fmt::format("{:.1f}", s.count() / span_s) : "-";
-    out += fmt::format("  {:<{}} {:>10} {:>10} {:>11} {:>10} {:>10} {:>10} {:>10} {:>10}\n", g.key,
-                       w, s.count(), rate, FormatDuration(s.sum()), FormatDuration(s.min()),
-                       FormatDuration(s.Quantile(0.5)), FormatDuration(s.Quantile(0.99)),
-                       FormatDuration(s.Quantile(0.999)), FormatDuration(s.max()));
+    out += fmt::format("  {:<{}} {:>10} {:>10} {:>11} {:>10} {:>10} {:>10} {:>10} {:>10}\n", g->key,
+                       w, s.count(), rate, FormatDurationNs(s.sum()), FormatDurationNs(s.min()),
+                       FormatDurationNs(s.Quantile(0.5)), FormatDurationNs(s.Quantile(0.99)),
+                       FormatDurationNs(s.Quantile(0.999)), FormatDurationNs(s.max()));
   }
 }
 
@@ -130,7 +134,7 @@ void CounterTableText(std::string& out, const CounterTable& t) {
 }
 
 std::string FindingLine(const analysis::FindingWithContext& f) {
-  return f.finding.text.empty() ? std::string(ToString(f.finding.type)) : f.finding.text;
+  return f.text.empty() ? std::string(ToString(f.type)) : f.text;
 }
 
 std::string RenderTable(const Dump& d, const ExitSummary& s, const ExitHealthOptions& o) {
@@ -139,12 +143,12 @@ std::string RenderTable(const Dump& d, const ExitSummary& s, const ExitHealthOpt
   out += fmt::format("  process   {} (pid {}) on {} ({} {}, {})\n", d.process.comm, d.process.pid,
                      d.host.nodename, d.host.sysname, d.host.release, d.host.cpu_model);
   for (const auto& [k, v] : d.attributes) out += fmt::format("  {:<9} {}\n", k, v);
-  out +=
-      fmt::format("  clock     {}{}; slow-exit threshold {}; watchdog {} (stuck {}, I/O age {})\n",
-                  d.clock.source == ClockSource::kTsc ? "TSC" : "CLOCK_MONOTONIC",
-                  d.clock.tsc_hz ? fmt::format(" at {:.3f} MHz", d.clock.tsc_hz / 1e6) : "",
-                  FormatDuration(d.slow_exit_threshold_ns), d.watchdog_running ? "on" : "off",
-                  FormatDuration(d.watchdog.stuck_exit_ns), FormatDuration(d.watchdog.io_age_ns));
+  out += fmt::format(
+      "  clock     {}{}; slow-exit threshold {}; watchdog {} (stuck {}, I/O age {})\n",
+      d.clock.source == ClockSource::kTsc ? "TSC" : "CLOCK_MONOTONIC",
+      d.clock.tsc_hz ? fmt::format(" at {:.3f} MHz", d.clock.tsc_hz / 1e6) : "",
+      FormatDurationNs(d.slow_exit_threshold_ns), d.watchdog_running ? "on" : "off",
+      FormatDurationNs(d.watchdog.stuck_exit_ns), FormatDurationNs(d.watchdog.io_age_ns));
   out += fmt::format("  guest data {}\n", d.includes_guest_data ? "INCLUDED" : "not included");
   for (const std::string& w : d.warnings) out += fmt::format("  warning   {}\n", w);
   if (o.filter.vcpu || o.filter.device) {
@@ -154,8 +158,8 @@ std::string RenderTable(const Dump& d, const ExitSummary& s, const ExitHealthOpt
     out += "\n";
   }
   out += fmt::format("\n{} exits over {:.3f} s, {} inside exits ({} per exit on average)\n",
-                     s.exits, s.span_s(), FormatDuration(s.total_ns),
-                     FormatDuration(s.exits ? s.total_ns / s.exits : 0));
+                     s.exits, s.span_s(), FormatDurationNs(s.total_ns),
+                     FormatDurationNs(s.exits ? s.total_ns / s.exits : 0));
 
   const double span = s.span_s();
   GroupTable(out, "Exits by kind", "kind", s.by_kind, span, o.max_rows);
@@ -163,7 +167,7 @@ std::string RenderTable(const Dump& d, const ExitSummary& s, const ExitHealthOpt
   GroupTable(out, "Exits by register", "register", s.by_register, span, o.max_rows);
   GroupTable(out, "Exits by vCPU", "vCPU", s.by_vcpu, span, o.max_rows);
 
-  out += fmt::format("\nSlow exits (>= {}): {}\n", FormatDuration(d.slow_exit_threshold_ns),
+  out += fmt::format("\nSlow exits (>= {}): {}\n", FormatDurationNs(d.slow_exit_threshold_ns),
                      s.slow.size());
   size_t n = 0;
   for (const auto& e : s.slow) {
@@ -171,10 +175,10 @@ std::string RenderTable(const Dump& d, const ExitSummary& s, const ExitHealthOpt
       out += fmt::format("  ... {} more\n", s.slow.size() - o.max_notable);
       break;
     }
-    out += fmt::format("  {}  vCPU {}: {} {} {}{}\n", Rel(e.exit.start_ns, s.first_ns), e.exit.vcpu,
+    out += fmt::format("  {}  vCPU {}: {} {} {}{}\n", Rel(e.start_ns, s.first_ns), e.vcpu,
                        e.description, e.in_progress ? "in progress for" : "took",
-                       FormatDuration(e.exit.duration_ns),
-                       (e.exit.flags & kExitFlagStalled) ? " (watchdog saw it stuck)" : "");
+                       FormatDurationNs(e.duration_ns),
+                       (e.flags & kExitFlagStalled) ? " (watchdog saw it stuck)" : "");
   }
 
   out += fmt::format("\nWatchdog findings: {}\n", s.findings.size());
@@ -184,10 +188,10 @@ std::string RenderTable(const Dump& d, const ExitSummary& s, const ExitHealthOpt
       out += fmt::format("  ... {} more\n", s.findings.size() - o.max_notable);
       break;
     }
-    out += fmt::format("  {}  {}\n", Rel(f.finding.time_ns, s.first_ns), FindingLine(f));
+    out += fmt::format("  {}  {}\n", Rel(f.time_ns, s.first_ns), FindingLine(f));
     for (const auto& io : f.in_flight)
       out += fmt::format("      in flight: {} io {} for {}\n", io.device_name, io.io_id,
-                         FormatDuration(io.age_ns));
+                         FormatDurationNs(io.age_ns));
   }
 
   CounterTableText(out, BuildCounterTable(d, o.filter, o.max_rows == 0));
@@ -213,13 +217,10 @@ nlohmann::json StatsJson(const LatencyStats& s) {
           {"max_ns", s.max()},         {"mean_ns", s.mean()}};
 }
 
-nlohmann::json GroupsJson(const std::vector<ExitGroup>& groups) {
+// One row object each (row_json.h, docs/json.md), in the summary's order.
+nlohmann::json GroupsJson(const ExitTable& table) {
   nlohmann::json a = nlohmann::json::array();
-  for (const auto& g : groups) {
-    nlohmann::json j = StatsJson(g.stats);
-    j["key"] = g.key;
-    a.push_back(std::move(j));
-  }
+  for (const auto& r : table.rows) a.push_back(RowJson(*r, table, /*histogram=*/false));
   return a;
 }
 
@@ -249,16 +250,16 @@ std::string RenderJson(const Dump& d, const ExitSummary& s, const ExitHealthOpti
   j["by_vcpu"] = GroupsJson(s.by_vcpu);
   j["slow_exits"] = nlohmann::json::array();
   for (const auto& e : s.slow) {
-    j["slow_exits"].push_back({{"start_ns", e.exit.start_ns},
-                               {"duration_ns", e.exit.duration_ns},
-                               {"vcpu", e.exit.vcpu},
-                               {"kind", ToString(e.exit.kind)},
-                               {"dir", ToString(e.exit.dir)},
-                               {"size", e.exit.size},
-                               {"addr", e.exit.addr},
-                               {"target", analysis::ExitTarget(d, e.exit)},
+    j["slow_exits"].push_back({{"start_ns", e.start_ns},
+                               {"duration_ns", e.duration_ns},
+                               {"vcpu", e.vcpu},
+                               {"kind", ToString(e.kind)},
+                               {"dir", ToString(e.dir)},
+                               {"size", e.size},
+                               {"addr", e.addr},
+                               {"target", e.target},
                                {"description", e.description},
-                               {"stalled", (e.exit.flags & kExitFlagStalled) != 0},
+                               {"stalled", (e.flags & kExitFlagStalled) != 0},
                                {"in_progress", e.in_progress}});
   }
   j["findings"] = nlohmann::json::array();
@@ -269,13 +270,13 @@ std::string RenderJson(const Dump& d, const ExitSummary& s, const ExitHealthOpti
                            {"io_id", io.io_id},
                            {"submitted_ns", io.submitted_ns},
                            {"age_ns", io.age_ns}});
-    j["findings"].push_back({{"time_ns", f.finding.time_ns},
-                             {"type", ToString(f.finding.type)},
-                             {"vcpu", f.finding.vcpu},
-                             {"duration_ns", f.finding.duration_ns},
+    j["findings"].push_back({{"time_ns", f.time_ns},
+                             {"type", ToString(f.type)},
+                             {"vcpu", f.vcpu},
+                             {"duration_ns", f.duration_ns},
                              {"device", f.device_name},
-                             {"io_id", f.finding.io_id},
-                             {"text", f.finding.text},
+                             {"io_id", f.io_id},
+                             {"text", f.text},
                              {"in_flight", std::move(in_flight)}});
   }
   j["vcpu_counters"] = nlohmann::json::object();

@@ -7,7 +7,10 @@
 // the embedder's per-vCPU counters, one column per vCPU (the in-kernel exit counts from KVM
 // binary stats first, in KvmExitCounterNames() order; the other non-zero counters after,
 // every counter with --all); and the loss counters. JSON format: the same content, schema
-// in docs/inspect.md.
+// in docs/inspect.md, its rows the one row object of docs/json.md (row_json.h).
+//
+// The tables are rows of the grouping engine (analysis/exit_table.h) built from the dump's
+// event stream (sources/dump_source.h -> analysis::ExitSummaryBuilder), as the kvm tables are.
 #pragma once
 
 #include <cstdint>

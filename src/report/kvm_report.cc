@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "report/format.h"
+#include "report/row_json.h"
 #include "sources/kvm_trace.h"
 
 namespace exitscope::report {
@@ -211,53 +212,6 @@ void AppendFooter(std::string& out, const KvmAnalysis& a, const KvmReportContext
   }
 }
 
-nlohmann::json RowJson(const KvmRow& r, const KvmGroup& g, const KvmRenderOptions& opts) {
-  const auto& s = r.stats;
-  const bool timed = s.count() != 0;
-  const auto t = [timed](auto v) { return timed ? nlohmann::json(v) : nlohmann::json(nullptr); };
-  nlohmann::json j = {
-      {"key", r.key},
-      {"name", r.name},
-      {"samples", r.samples()},
-      {"samples_pct", Pct(r.samples(), g.samples)},
-      {"timed_samples", s.count()},
-      {"untimed_samples", r.untimed},
-      {"to_vmm", r.to_vmm()},
-      {"in_kernel", r.in_kernel},
-      {"time_ns", s.sum()},
-      {"time_pct", Pct(s.sum(), g.time_ns)},
-      {"min_ns", t(s.min())},
-      {"max_ns", t(s.max())},
-      {"mean_ns", t(s.mean())},
-      {"stderr_pct", t(s.RelStdErrPercent())},
-      {"p50_ns", t(s.Quantile(0.5))},
-      {"p90_ns", t(s.Quantile(0.9))},
-      {"p99_ns", t(s.Quantile(0.99))},
-      {"p999_ns", t(s.Quantile(0.999))},
-  };
-  if (opts.histogram) {
-    // Power-of-two bins: [le_ns / 2, le_ns) -> count, empty bins omitted.
-    nlohmann::json bins = nlohmann::json::array();
-    const LatencyHistogram& h = s.histogram();
-    uint64_t cur_le = 0, cur = 0;
-    for (size_t b = 0; b < LatencyHistogram::kBuckets; ++b) {
-      const uint64_t c = h.bucket_count(b);
-      if (c == 0) continue;
-      const uint64_t lo = LatencyHistogram::BucketLow(b);
-      const uint64_t le = lo == 0 ? 1 : std::bit_floor(lo) << 1;
-      if (le != cur_le && cur != 0) {
-        bins.push_back({{"le_ns", cur_le}, {"count", cur}});
-        cur = 0;
-      }
-      cur_le = le;
-      cur += c;
-    }
-    if (cur != 0) bins.push_back({{"le_ns", cur_le}, {"count", cur}});
-    j["histogram"] = std::move(bins);
-  }
-  return j;
-}
-
 nlohmann::json GroupJson(const KvmGroup& g, const KvmRenderOptions& opts) {
   nlohmann::json j;
   if (g.vm >= 0) j["vm"] = g.vm;
@@ -267,7 +221,8 @@ nlohmann::json GroupJson(const KvmGroup& g, const KvmRenderOptions& opts) {
   j["untimed_samples"] = g.untimed;
   j["in_kernel"] = g.in_kernel;
   nlohmann::json rows = nlohmann::json::array();
-  for (const KvmRow* r : analysis::SortedRows(g, opts.sort)) rows.push_back(RowJson(*r, g, opts));
+  for (const KvmRow* r : analysis::SortedRows(g, opts.sort))
+    rows.push_back(RowJson(*r, g, opts.histogram));
   j["rows"] = std::move(rows);
   return j;
 }
@@ -322,8 +277,8 @@ std::string RenderKvmHistogram(const KvmRow& row, int bar_width) {
     const uint64_t to = uint64_t{1} << (bit + 1);
     const int len =
         peak ? static_cast<int>((bins[i] * static_cast<uint64_t>(bar_width) + peak - 1) / peak) : 0;
-    out += fmt::format("  {:>10} - {:<10} |{:<{}}| {:>10} {:6.2f}%\n", FormatDuration(from),
-                       FormatDuration(to), std::string(static_cast<size_t>(len), '#'), bar_width,
+    out += fmt::format("  {:>10} - {:<10} |{:<{}}| {:>10} {:6.2f}%\n", FormatDurationNs(from),
+                       FormatDurationNs(to), std::string(static_cast<size_t>(len), '#'), bar_width,
                        bins[i], Pct(bins[i], h.count()));
   }
   return out;

@@ -4,7 +4,8 @@
 // The table keeps perf kvm stat report's layout column for column (a reader who knows perf
 // finds everything where it was), then appends what perf lacks: p50/p99/p99.9 columns
 // (--percentiles) and a name column (device.register for ports and MMIO, MSR names, raw
-// hypercall reasons). The JSON schema is documented in docs/kvm.md ("schema": 1).
+// hypercall reasons). The JSON schema is documented in docs/kvm.md ("schema": 1); a row is the
+// one row object of docs/json.md (row_json.h), the same as inspect's.
 #pragma once
 
 #include <cstdint>

@@ -276,6 +276,7 @@ int RunMain(int argc, char** argv) {
     report::WriteExitHealthReport(rec->Snapshot(), opts, stdout);
   }
   if (result->fatal) return 1;
+  if (!result->dump_error.empty()) return 1;  // the evidence is lost: never exit 0 (logged above)
   if (result->stopped) {
     for (const vmm::VcpuReport& v : result->vcpus)
       if (v.outcome.state == vmm::VcpuState::kFinished && v.outcome.code != 0) return 1;

@@ -427,7 +427,10 @@ Result<VmmResult> Vmm::Run() {
   NoteUnassigned();  // also for the end report's snapshot when no dump is written
   SampleKvmStats(&result);
   if (recorder_ && cfg_.write_dump) {
-    if (WriteDumpNow("end of run")) result.dump_path = dump_path_;
+    if (auto st = WriteDumpNow("end of run"); st)
+      result.dump_path = dump_path_;
+    else
+      result.dump_error = st.error().message;
   }
   return result;
 }

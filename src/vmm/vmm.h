@@ -77,7 +77,8 @@ struct VmmResult {
   double elapsed_s = 0;
   uint64_t userspace_exits = 0;
   std::vector<VcpuReport> vcpus;
-  std::string dump_path;  // "" when none written
+  std::string dump_path;   // "" when none written
+  std::string dump_error;  // why the end-of-run dump failed ("" = written, or not asked for)
   NvmeBlock::Stats block;
   uint64_t unassigned_accesses = 0;  // accesses no device answered (all, logged or not)
   uint64_t unassigned_logged = 0;    // distinct addresses logged (once each)

@@ -210,13 +210,13 @@ TEST(ExitSummary, FiltersByVcpuAndDevice) {
   uint64_t sum = 0;
   for (const auto& r : all.by_vcpu.rows) {
     const uint32_t v = static_cast<uint32_t>(std::stoul(r->key));
-    const ExitSummary one = Summarize(*d, {.vcpu = v});
+    const ExitSummary one = Summarize(*d, {.vcpu = v, .device = std::nullopt});
     EXPECT_EQ(one.exits, r->stats.count());
     ASSERT_EQ(one.by_vcpu.rows.size(), 1u);
     sum += one.exits;
   }
   EXPECT_EQ(sum, all.exits);
-  const ExitSummary nvme = Summarize(*d, {.device = "nvme0"});
+  const ExitSummary nvme = Summarize(*d, {.vcpu = std::nullopt, .device = "nvme0"});
   ASSERT_EQ(nvme.by_device.rows.size(), 1u);
   EXPECT_EQ(nvme.by_device.rows[0]->key, "nvme0");
   EXPECT_EQ(nvme.exits, nvme.by_device.rows[0]->stats.count());

@@ -64,6 +64,54 @@ std::string DescribeKernel(const ExitEvent& e) {
   return s;
 }
 
+// When each thread was switched out, in the dump's ns: sorted, disjoint intervals.
+struct OffCpu {
+  uint64_t start = 0, end = kOpen;
+  bool runnable = false;
+};
+using OffCpuByThread = std::unordered_map<uint32_t, std::vector<OffCpu>>;
+
+OffCpuByThread BuildOffCpu(const std::vector<SchedSwitch>& sched, const Clock& clock) {
+  OffCpuByThread off;
+  std::unordered_map<uint32_t, bool> seen;  // tid -> a switch of it came before
+  for (const SchedSwitch& s : sched) {
+    const uint64_t t = clock.ToMonotonicNs(s.ts);
+    if (s.prev_tid != 0) {  // pid 0: the idle task, never a vCPU
+      std::vector<OffCpu>& v = off[s.prev_tid];
+      if (v.empty() || v.back().end != kOpen) v.push_back({t, kOpen, s.prev_runnable});
+      seen[s.prev_tid] = true;
+    }
+    if (s.next_tid != 0) {
+      std::vector<OffCpu>& v = off[s.next_tid];
+      if (!v.empty() && v.back().end == kOpen) {
+        v.back().end = std::max(t, v.back().start);
+      } else if (!seen[s.next_tid]) {
+        v.push_back({0, t, false});  // first seen switching in: off since the trace began
+      }
+      seen[s.next_tid] = true;
+    }
+  }
+  return off;
+}
+
+struct OffSplit {
+  uint64_t total = 0, runnable = 0;
+};
+// Time of [a, b) the thread spent switched out.
+OffSplit OffCpuIn(const std::vector<OffCpu>* v, uint64_t a, uint64_t b) {
+  OffSplit r;
+  if (v == nullptr || b <= a) return r;
+  auto it = std::lower_bound(v->begin(), v->end(), a,
+                             [](const OffCpu& o, uint64_t t) { return o.end <= t; });
+  for (; it != v->end() && it->start < b; ++it) {
+    const uint64_t lo = std::max(a, it->start), hi = std::min(b, it->end);
+    if (hi <= lo) continue;
+    r.total += hi - lo;
+    if (it->runnable) r.runnable += hi - lo;
+  }
+  return r;
+}
+
 uint64_t Percentile(std::vector<uint64_t>& v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -93,7 +141,8 @@ std::string_view ToString(JointMapping m) noexcept {
 }
 
 Result<JointView> BuildJointView(const Dump& dump, const std::vector<ExitEvent>& kernel,
-                                 const std::string& trace_clock, const JointOptions& opts) {
+                                 const std::string& trace_clock, const JointOptions& opts,
+                                 const std::vector<SchedSwitch>* sched) {
   if (trace_clock != "x86-tsc") {
     return Fail(ErrorCode::kInvalidArgument,
                 fmt::format("the trace's clock is '{}', not x86-tsc: its timestamps cannot be "
@@ -110,6 +159,12 @@ Result<JointView> BuildJointView(const Dump& dump, const std::vector<ExitEvent>&
   const uint64_t tol = opts.tolerance_ns;
   JointView view;
   view.tsc_hz = dump.clock.tsc_hz;
+  OffCpuByThread off_cpu;
+  if (sched != nullptr && !sched->empty()) {
+    view.sched_recorded = true;
+    view.sched_switches = sched->size();
+    off_cpu = BuildOffCpu(*sched, clock);
+  }
 
   // The kernel's userspace exits, per thread, in the dump's nanoseconds.
   Threads threads;
@@ -241,6 +296,19 @@ Result<JointView> BuildJointView(const Dump& dump, const std::vector<ExitEvent>&
       j.before_ns = std::min<uint64_t>(hs > k->start ? hs - k->start : 0, j.kernel_ns);
       j.handler_ns = std::min<uint64_t>(d.duration_ns, j.kernel_ns - j.before_ns);
       j.after_ns = j.kernel_ns - j.before_ns - j.handler_ns;
+      j.handler_wall_ns = j.handler_ns;
+      if (view.sched_recorded) {
+        const auto it = off_cpu.find(j.tid);
+        const std::vector<OffCpu>* ov = it == off_cpu.end() ? nullptr : &it->second;
+        const uint64_t b0 = k->start, b1 = b0 + j.before_ns, b2 = b1 + j.handler_ns;
+        const OffSplit ob = OffCpuIn(ov, b0, b1), oh = OffCpuIn(ov, b1, b2),
+                       oa = OffCpuIn(ov, b2, k->end);
+        j.before_ns -= ob.total;
+        j.handler_ns -= oh.total;
+        j.after_ns -= oa.total;
+        j.off_cpu_ns = ob.total + oh.total + oa.total;
+        j.off_cpu_runnable_ns = ob.runnable + oh.runnable + oa.runnable;
+      }
       j.kind = std::string(ToString(d.kind));
       j.device = dump.DeviceName(d.device);
       j.reg = dump.RegisterName(d);
@@ -329,9 +397,22 @@ Result<JointView> BuildJointViewFromTrace(const Dump& dump, const std::string& d
   CollectingSink sink;
   // Identity clock: start_ns / duration_ns stay in the trace's ticks.
   sources::KvmPairer pairer({.devices = devices->get()}, &sink);
+  std::vector<SchedSwitch> sched;
+  pairer.SetRecordObserver(
+      [](const sources::KvmRecord& r, void* ctx) {
+        if (r.type != sources::KvmEventType::kSchedSwitch) return;
+        // prev_state with no state bit set (the low byte) is TASK_RUNNING: preempted.
+        static_cast<std::vector<SchedSwitch>*>(ctx)->push_back(
+            {r.ts, static_cast<uint32_t>(r.prev_tid), static_cast<uint32_t>(r.next_tid),
+             (r.prev_state & 0xff) == 0});
+      },
+      &sched);
   if (Status s = (*in)->ReadAll(&pairer); !s) return Propagate(s);
   // ReadAll ends with pairer.Finish(): exits left open are emitted as kOpenAtEnd.
-  auto view = BuildJointView(dump, sink.events, (*in)->clock(), opts);
+  // Records come in time order (per CPU, merged): a thread's switches are in order.
+  std::stable_sort(sched.begin(), sched.end(),
+                   [](const SchedSwitch& a, const SchedSwitch& b) { return a.ts < b.ts; });
+  auto view = BuildJointView(dump, sink.events, (*in)->clock(), opts, &sched);
   if (!view) {
     return Fail(view.error().code,
                 fmt::format("{} + {}: {}", dump_path, trace_path, view.error().message));
@@ -384,6 +465,7 @@ JointGroups GroupJointExits(const std::vector<JointExit>& exits) {
       g.before = part(&JointExit::before_ns);
       g.handler = part(&JointExit::handler_ns);
       g.after = part(&JointExit::after_ns);
+      g.off_cpu = part(&JointExit::off_cpu_ns);
       out.push_back(std::move(g));
     }
     std::stable_sort(out.begin(), out.end(),

@@ -16,9 +16,15 @@
 //   kernel_before = hs - ks   (exit, hand-off to userspace, VMM until its handler starts)
 //   handler       = he - hs   (the dump's duration)
 //   kernel_after  = ke - he   (handler end, KVM_RUN again, until guest entry)
-// clamped at 0, so the three always sum to the kernel's duration exactly. Time the vCPU
-// thread was not running (sched:sched_switch) is not split: the kvm sources do not decode
-// sched_switch yet.
+// clamped at 0, so the three always sum to the kernel's duration exactly.
+//
+// Where the trace recorded sched:sched_switch (`kvm record -e kvm:* -e sched:sched_switch`),
+// the time the vCPU thread was not running inside the exit is split out of each part:
+//   before + handler + after + off_cpu = kernel, with before / handler / after the on-CPU
+//   time of each part and off_cpu the time the thread was switched out (off_cpu_runnable of
+//   it preempted but runnable: waiting for a host CPU; the rest sleeping or blocked).
+// A thread is off-CPU from a sched_switch with prev_pid = its tid to the next one with
+// next_pid = its tid; one first seen switching in was off since the trace began.
 //
 // Refusals (kInvalidArgument, one line): a trace clock other than x86-tsc, a dump clock
 // other than the TSC, no overlap in time between the two, or fewer matches than
@@ -70,11 +76,16 @@ struct JointExit {
   uint64_t before_ns = 0;
   uint64_t handler_ns = 0;
   uint64_t after_ns = 0;
-  std::string kind;           // "PIO", "MMIO", ...
-  std::string device;         // "nvme0", "" when unassigned
-  std::string reg;            // "SQ1TDBL", "" when none
-  std::string dir;            // "read", "write", ""
-  std::string kernel_reason;  // the kernel's user_reason ("IO", "MMIO")
+  // Only where JointView::sched_recorded: the thread was switched out for off_cpu_ns of the
+  // exit (of which off_cpu_runnable_ns preempted); before/handler/after exclude it.
+  uint64_t off_cpu_ns = 0;
+  uint64_t off_cpu_runnable_ns = 0;
+  uint64_t handler_wall_ns = 0;  // the VMM's handler time, on and off CPU (the dump's view)
+  std::string kind;              // "PIO", "MMIO", ...
+  std::string device;            // "nvme0", "" when unassigned
+  std::string reg;               // "SQ1TDBL", "" when none
+  std::string dir;               // "read", "write", ""
+  std::string kernel_reason;     // the kernel's user_reason ("IO", "MMIO")
 };
 
 // An exit one side saw and the other did not.
@@ -118,16 +129,29 @@ struct JointView {
   std::vector<JointUnmatched> unmatched_vmm, unmatched_kernel;
   JointOffsetStats offset;
   std::vector<std::string> warnings;  // e.g. a low match fraction
+  // The trace recorded sched:sched_switch: off_cpu_ns is split out of every matched exit.
+  bool sched_recorded = false;
+  uint64_t sched_switches = 0;  // sched_switch records used
   // Set by BuildJointViewFromTrace.
   std::string trace_format;         // "trace-cmd .dat", ...
   uint64_t kernel_lost_events = 0;  // records the trace's ring buffers lost
 };
 
+// One sched:sched_switch of the trace, its time in raw x86-tsc ticks.
+struct SchedSwitch {
+  uint64_t ts = 0;
+  uint32_t prev_tid = 0;       // stops running
+  uint32_t next_tid = 0;       // starts running
+  bool prev_runnable = false;  // prev was preempted (state R), not sleeping or blocked
+};
+
 // Builds the joint view. `kernel` holds the pairer's events with times in raw x86-tsc ticks
 // (kernel accesses and non-userspace exits are ignored); `trace_clock` is the capture's
-// clock name. Errors: kInvalidArgument with a one-line message (see the file comment).
+// clock name; `sched` the trace's sched_switch records in time order, or null when it
+// recorded none. Errors: kInvalidArgument with a one-line message (see the file comment).
 Result<JointView> BuildJointView(const Dump& dump, const std::vector<ExitEvent>& kernel,
-                                 const std::string& trace_clock, const JointOptions& opts = {});
+                                 const std::string& trace_clock, const JointOptions& opts = {},
+                                 const std::vector<SchedSwitch>* sched = nullptr);
 
 // Reads `trace_path` (any format KvmInput reads), pairs it with the identity clock (times
 // stay in ticks) and the dump's device map, and builds the joint view. `dump_path` is the
@@ -144,7 +168,7 @@ struct JointPart {
 struct JointGroup {
   std::string key;  // "PIO", "nvme0", "nvme0.SQ1TDBL write"
   uint64_t count = 0;
-  JointPart total, before, handler, after;  // total: shares are 1
+  JointPart total, before, handler, after, off_cpu;  // total: shares are 1
 };
 struct JointGroups {
   std::vector<JointGroup> by_kind, by_device, by_register;  // each sorted by count, desc

@@ -19,8 +19,9 @@ using analysis::JointUnmatched;
 using analysis::JointView;
 
 constexpr const char* kNotSplit =
-    "time with the vCPU thread not running (sched:sched_switch) is not split out: the kvm "
-    "sources do not decode sched_switch yet; it is inside kernel-before / kernel-after";
+    "the trace has no sched:sched_switch records, so time with the vCPU thread not running is "
+    "not split out: it is inside the parts (record with `exitscope kvm record -e 'kvm:*' -e "
+    "sched:sched_switch` to split it)";
 
 std::string Us(uint64_t ns) {
   return FormatUsec(ns);
@@ -62,11 +63,12 @@ std::string ExitName(const JointExit& j) {
 }
 
 void AppendGroups(std::string& out, const char* title, const std::vector<JointGroup>& groups,
-                  size_t rows) {
+                  size_t rows, bool sched) {
   out += fmt::format("\n{}\n", title);
-  out += fmt::format("  {:<34} {:>6}  {:>17}  {:>17}  {:>18}  {:>17}  {:>13}\n", "", "count",
+  out += fmt::format("  {:<34} {:>6}  {:>17}  {:>17}  {:>18}  {:>17}  {}{:>13}\n", "", "count",
                      "kernel us p50/p99", "before us p50/p99", "handler us p50/p99",
-                     "after us p50/p99", "handler share");
+                     "after us p50/p99", sched ? fmt::format("{:>17}  ", "off-cpu us p50/p99") : "",
+                     "handler share");
   size_t n = 0;
   for (const JointGroup& g : groups) {
     if (rows != 0 && n++ == rows) {
@@ -76,9 +78,10 @@ void AppendGroups(std::string& out, const char* title, const std::vector<JointGr
     const auto pair = [](const JointPart& p) {
       return fmt::format("{:>8}/{:<8}", Us(p.p50_ns), Us(p.p99_ns));
     };
-    out += fmt::format("  {:<34} {:>6}  {}  {}  {} {}  {:>5}/{:<7}\n", g.key, g.count,
+    out += fmt::format("  {:<34} {:>6}  {}  {}  {} {}  {}{:>5}/{:<7}\n", g.key, g.count,
                        pair(g.total), pair(g.before), pair(g.handler), pair(g.after),
-                       Pct(g.handler.share_p50), Pct(g.handler.share_p99));
+                       sched ? pair(g.off_cpu) + "  " : "", Pct(g.handler.share_p50),
+                       Pct(g.handler.share_p99));
   }
 }
 
@@ -89,34 +92,42 @@ nlohmann::json PartJson(const JointPart& p) {
           {"share_p99", p.share_p99}};
 }
 
-nlohmann::json GroupsJson(const std::vector<JointGroup>& groups) {
+nlohmann::json GroupsJson(const std::vector<JointGroup>& groups, bool sched) {
   nlohmann::json arr = nlohmann::json::array();
   for (const JointGroup& g : groups) {
-    arr.push_back({{"key", g.key},
-                   {"count", g.count},
-                   {"kernel", PartJson(g.total)},
-                   {"kernel_before", PartJson(g.before)},
-                   {"handler", PartJson(g.handler)},
-                   {"kernel_after", PartJson(g.after)}});
+    nlohmann::json row = {{"key", g.key},
+                          {"count", g.count},
+                          {"kernel", PartJson(g.total)},
+                          {"kernel_before", PartJson(g.before)},
+                          {"handler", PartJson(g.handler)},
+                          {"kernel_after", PartJson(g.after)}};
+    if (sched) row["off_cpu"] = PartJson(g.off_cpu);
+    arr.push_back(std::move(row));
   }
   return arr;
 }
 
-nlohmann::json ExitJson(const JointExit& j) {
-  return {{"vcpu", j.vcpu},
-          {"tid", j.tid},
-          {"kind", j.kind},
-          {"device", j.device},
-          {"register", j.reg},
-          {"dir", j.dir},
-          {"kernel_reason", j.kernel_reason},
-          {"kernel_start_ns", j.kernel_start_ns},
-          {"handler_start_ns", j.handler_start_ns},
-          {"offset_ns", j.offset_ns},
-          {"kernel_ns", j.kernel_ns},
-          {"kernel_before_ns", j.before_ns},
-          {"handler_ns", j.handler_ns},
-          {"kernel_after_ns", j.after_ns}};
+nlohmann::json ExitJson(const JointExit& j, bool sched) {
+  nlohmann::json e = {{"vcpu", j.vcpu},
+                      {"tid", j.tid},
+                      {"kind", j.kind},
+                      {"device", j.device},
+                      {"register", j.reg},
+                      {"dir", j.dir},
+                      {"kernel_reason", j.kernel_reason},
+                      {"kernel_start_ns", j.kernel_start_ns},
+                      {"handler_start_ns", j.handler_start_ns},
+                      {"offset_ns", j.offset_ns},
+                      {"kernel_ns", j.kernel_ns},
+                      {"kernel_before_ns", j.before_ns},
+                      {"handler_ns", j.handler_ns},
+                      {"kernel_after_ns", j.after_ns}};
+  if (sched) {
+    e["off_cpu_ns"] = j.off_cpu_ns;
+    e["off_cpu_runnable_ns"] = j.off_cpu_runnable_ns;
+    e["handler_wall_ns"] = j.handler_wall_ns;
+  }
+  return e;
 }
 
 nlohmann::json UnmatchedJson(const std::vector<JointUnmatched>& u) {
@@ -161,24 +172,36 @@ std::string RenderJointTable(const JointView& v, const JointRenderOptions& o) {
       fmt::format("{:.2f}", static_cast<double>(v.offset.median_ns) / 1e3),
       fmt::format("{:.2f}", static_cast<double>(v.offset.max_ns) / 1e3));
   for (const std::string& w : v.warnings) out += fmt::format("  warning   {}\n", w);
-  out += fmt::format(
-      "  split     kernel = before (exit -> handler start) + handler (VMM) + "
-      "after (handler end -> guest entry)\n");
-  out += fmt::format("  note      {}\n", kNotSplit);
+  const bool sched = v.sched_recorded;
+  if (sched) {
+    out += fmt::format(
+        "  split     kernel = before (exit -> handler start) + handler (VMM) + after (handler "
+        "end -> guest entry) + off-cpu (vCPU thread switched out, from {} sched_switch "
+        "records; the other parts are on-CPU time)\n",
+        v.sched_switches);
+  } else {
+    out += fmt::format(
+        "  split     kernel = before (exit -> handler start) + handler (VMM) + "
+        "after (handler end -> guest entry)\n");
+    out += fmt::format("  note      {}\n", kNotSplit);
+  }
 
   const analysis::JointGroups g = analysis::GroupJointExits(v.matched);
-  AppendGroups(out, "By kind", g.by_kind, o.rows);
-  AppendGroups(out, "By device", g.by_device, o.rows);
-  AppendGroups(out, "By register", g.by_register, o.rows);
+  AppendGroups(out, "By kind", g.by_kind, o.rows, sched);
+  AppendGroups(out, "By device", g.by_device, o.rows, sched);
+  AppendGroups(out, "By register", g.by_register, o.rows, sched);
 
   const std::vector<JointExit> slow = analysis::SlowestJointExits(v.matched, o.slow);
   out += fmt::format("\nSlowest {} exits (by kernel duration)\n", slow.size());
-  out += fmt::format("  {:>10} {:>4} {:>7}  {:<30} {:>10} {:>10} {:>10} {:>10}\n", "kernel s",
-                     "vcpu", "tid", "exit", "kernel us", "before us", "handler us", "after us");
+  out += fmt::format("  {:>10} {:>4} {:>7}  {:<30} {:>10} {:>10} {:>10} {:>10}{}\n", "kernel s",
+                     "vcpu", "tid", "exit", "kernel us", "before us", "handler us", "after us",
+                     sched ? fmt::format(" {:>10} {:>10}", "off-cpu us", "preempted") : "");
   for (const JointExit& j : slow) {
-    out += fmt::format("  {:>10.6f} {:>4} {:>7}  {:<30} {:>10} {:>10} {:>10} {:>10}\n",
-                       static_cast<double>(j.kernel_start_ns) / 1e9, j.vcpu, j.tid, ExitName(j),
-                       Us(j.kernel_ns), Us(j.before_ns), Us(j.handler_ns), Us(j.after_ns));
+    out += fmt::format(
+        "  {:>10.6f} {:>4} {:>7}  {:<30} {:>10} {:>10} {:>10} {:>10}{}\n",
+        static_cast<double>(j.kernel_start_ns) / 1e9, j.vcpu, j.tid, ExitName(j), Us(j.kernel_ns),
+        Us(j.before_ns), Us(j.handler_ns), Us(j.after_ns),
+        sched ? fmt::format(" {:>10} {:>10}", Us(j.off_cpu_ns), Us(j.off_cpu_runnable_ns)) : "");
   }
 
   const auto unmatched = [&](const char* side, const std::vector<JointUnmatched>& u) {
@@ -225,14 +248,17 @@ std::string RenderJointJson(const JointView& v, const JointRenderOptions& o) {
   joint["offset_ns"] = {
       {"min", v.offset.min_ns}, {"median", v.offset.median_ns}, {"max", v.offset.max_ns}};
   joint["warnings"] = v.warnings;
-  joint["not_split"] = {{"not_running", kNotSplit}};
+  const bool sched = v.sched_recorded;
+  joint["sched_recorded"] = sched;
+  joint["sched_switches"] = v.sched_switches;
+  if (!sched) joint["not_split"] = {{"not_running", kNotSplit}};
   const analysis::JointGroups g = analysis::GroupJointExits(v.matched);
-  joint["by_kind"] = GroupsJson(g.by_kind);
-  joint["by_device"] = GroupsJson(g.by_device);
-  joint["by_register"] = GroupsJson(g.by_register);
+  joint["by_kind"] = GroupsJson(g.by_kind, sched);
+  joint["by_device"] = GroupsJson(g.by_device, sched);
+  joint["by_register"] = GroupsJson(g.by_register, sched);
   nlohmann::json slow = nlohmann::json::array();
   for (const JointExit& j : analysis::SlowestJointExits(v.matched, o.slow)) {
-    slow.push_back(ExitJson(j));
+    slow.push_back(ExitJson(j, sched));
   }
   joint["slow_exits"] = std::move(slow);
   nlohmann::json exits = nlohmann::json::array();
@@ -242,7 +268,7 @@ std::string RenderJointJson(const JointView& v, const JointRenderOptions& o) {
       ++left_out;
       continue;
     }
-    exits.push_back(ExitJson(j));
+    exits.push_back(ExitJson(j, sched));
   }
   joint["exits"] = std::move(exits);
   joint["exits_left_out"] = left_out;

@@ -500,7 +500,12 @@ void KvmPairer::Feed(const KvmRecord& r) {
   ++stats_.records_total;
   ++stats_.records[static_cast<size_t>(r.type) < kKvmEventTypeCount ? static_cast<size_t>(r.type)
                                                                     : 0];
-  if (r.type == KvmEventType::kOther || r.type == KvmEventType::kCount) return;
+  // sched_switch is no part of an exit: counted, seen by the observer (the joint view takes
+  // off-CPU time from it), never paired.
+  if (r.type == KvmEventType::kOther || r.type == KvmEventType::kCount ||
+      r.type == KvmEventType::kSchedSwitch) {
+    return;
+  }
   Thread& t = ThreadOf(r);
   if (r.vcpu_id >= 0 && (r.type == KvmEventType::kExit || r.type == KvmEventType::kEntry ||
                          r.type == KvmEventType::kPageFault)) {

@@ -25,6 +25,7 @@ constexpr std::array<std::string_view, kKvmEventTypeCount> kNames = {
     "kvm_page_fault",
     "kvm_inj_exception",
     "kvm_cpuid",
+    "sched_switch",
 };
 
 // Field names per event type, in the slot order KvmTepDecoder::Decode reads them.
@@ -48,7 +49,13 @@ constexpr EventSpec kSpecs[] = {
     {KvmEventType::kPageFault, {"vcpu_id", "guest_rip", "fault_address", "error_code"}},
     {KvmEventType::kInjException, {"exception", "has_error", "error_code"}},
     {KvmEventType::kCpuid, {"function"}},
+    {KvmEventType::kSchedSwitch, {"prev_pid", "prev_state", "next_pid"}},
 };
+
+// The tracepoint system of an event type.
+const char* SystemOf(KvmEventType t) noexcept {
+  return t == KvmEventType::kSchedSwitch ? "sched" : "kvm";
+}
 
 }  // namespace
 
@@ -69,8 +76,8 @@ KvmTepDecoder::KvmTepDecoder(tep_handle* tep) : tep_(tep) {
   if (tep_ == nullptr) return;
   swap_ = tep_is_file_bigendian(tep_) != tep_is_local_bigendian(tep_);
   for (const EventSpec& spec : kSpecs) {
-    tep_event* ev =
-        tep_find_event_by_name(tep_, "kvm", std::string(KvmEventName(spec.type)).c_str());
+    tep_event* ev = tep_find_event_by_name(tep_, SystemOf(spec.type),
+                                           std::string(KvmEventName(spec.type)).c_str());
     if (ev == nullptr) continue;
     EventFields& ef = fields_[Index(spec.type)];
     ef.id = ev->id;
@@ -218,6 +225,11 @@ bool KvmTepDecoder::Decode(const tep_record* record, uint32_t cpu, KvmRecord* ou
       break;
     case KvmEventType::kCpuid:
       r.addr = Read(d, f[0]);
+      break;
+    case KvmEventType::kSchedSwitch:
+      r.prev_tid = static_cast<int32_t>(Read(d, f[0]));
+      r.prev_state = Read(d, f[1]);
+      r.next_tid = static_cast<int32_t>(Read(d, f[2]));
       break;
     case KvmEventType::kOther:
     case KvmEventType::kCount:

@@ -47,11 +47,12 @@ enum class KvmEventType : uint8_t {
   kPageFault,      // kvm:kvm_page_fault
   kInjException,   // kvm:kvm_inj_exception
   kCpuid,          // kvm:kvm_cpuid
+  kSchedSwitch,    // sched:sched_switch (not a kvm event: when the vCPU thread was off-CPU)
   kCount,
 };
 inline constexpr size_t kKvmEventTypeCount = static_cast<size_t>(KvmEventType::kCount);
 
-// The tracepoint name ("kvm_exit"), "other" for kOther.
+// The tracepoint name ("kvm_exit", "sched_switch"), "other" for kOther.
 std::string_view KvmEventName(KvmEventType t) noexcept;
 // Inverse of KvmEventName for the kvm tracepoint names; kOther when not one of ours.
 KvmEventType KvmEventFromName(std::string_view name) noexcept;
@@ -106,6 +107,13 @@ struct KvmRecord {
   uint32_t mmio_type = 0;
   uint8_t exception = 0;
   uint8_t has_error = 0;
+
+  // kSchedSwitch: prev_pid, prev_state, next_pid. `tid` is prev_pid (the common_pid of the
+  // switch), the thread that stops running on `cpu`; next_tid starts running there.
+  // prev_state 0 (TASK_RUNNING) means prev was preempted and is still runnable.
+  int32_t prev_tid = 0;
+  int32_t next_tid = 0;
+  uint64_t prev_state = 0;
 
   // kEmulateInsn: guest_rip (rip), csbase (in addr), insn_len, insn bytes, failed.
   uint8_t insn_len = 0;

@@ -296,6 +296,41 @@ bool ParsePayload(KvmEventType t, SV p, const TextOptions& o, KvmRecord* r) noex
       }
     case KvmEventType::kCpuid:
       return NumAfter(p, "func ", &r->addr, 16);
+    case KvmEventType::kSchedSwitch: {
+      // ftrace / perf script: "prev_comm=a prev_pid=12 prev_prio=120 prev_state=S ==>
+      // next_comm=b next_pid=0 next_prio=120" (comm may hold spaces: fields found by name).
+      // trace-cmd report's plugin: "a:12 [120] S ==> b:0 [120]".
+      const size_t arrow = p.find("==>");
+      if (arrow == SV::npos) return false;
+      if (p.find("prev_pid=") != SV::npos) {
+        if (!NumAfter(p, "prev_pid=", &v)) return false;
+        r->prev_tid = static_cast<int32_t>(v);
+        if (!NumAfter(p, "next_pid=", &v)) return false;
+        r->next_tid = static_cast<int32_t>(v);
+        const size_t st = p.find("prev_state=");
+        // R / R+ is runnable (preempted); anything else (S, D, ...) is not.
+        r->prev_state = st != SV::npos && st + 11 < p.size() && p[st + 11] == 'R' ? 0 : 1;
+        return true;
+      }
+      // "comm:pid [prio]": the pid ends at the last ':' before the " [".
+      const auto pid_of = [](SV side, uint64_t* out) {
+        const size_t br = side.rfind(" [");
+        if (br == SV::npos) return false;
+        const size_t colon = side.rfind(':', br);
+        if (colon == SV::npos) return false;
+        SV num = side.substr(colon + 1, br - colon - 1);
+        return TakeNum(num, out, 10);
+      };
+      SV left = p.substr(0, arrow), right = p.substr(arrow + 3);
+      if (!pid_of(left, &v)) return false;
+      r->prev_tid = static_cast<int32_t>(v);
+      if (!pid_of(TrimRight(right), &v)) return false;
+      r->next_tid = static_cast<int32_t>(v);
+      const size_t close = left.rfind(']');
+      SV state = close == SV::npos ? SV{} : TrimLeft(left.substr(close + 1));
+      r->prev_state = !state.empty() && state[0] == 'R' ? 0 : 1;
+      return true;
+    }
     default:
       return true;
   }
@@ -419,10 +454,10 @@ TextLineKind ParseTraceLine(std::string_view line, const TextOptions& options, K
   if (colon == SV::npos) return TextLineKind::kBad;
   SV name = rest.substr(0, colon);
   rest.remove_prefix(colon + 1);
-  if (name == "kvm" || name == "kvmmmu") {
+  if (name == "kvm" || name == "kvmmmu" || name == "sched") {
     colon = rest.find(':');
     if (colon == SV::npos) return TextLineKind::kBad;
-    const bool kvm = name == "kvm";
+    const bool kvm = name == "kvm" || name == "sched";
     name = rest.substr(0, colon);
     rest.remove_prefix(colon + 1);
     fl = TextFlavor::kPerfScript;

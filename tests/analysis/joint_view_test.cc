@@ -76,6 +76,38 @@ TEST(JointViewBlk, MatchesAndSplitsEveryExitOfTheRealCapture) {
       static_cast<long long>(v->offset.median_ns), static_cast<long long>(v->offset.max_ns));
 }
 
+// joint-sched: a real run recorded with sched:sched_switch on a loaded host. Every matched
+// exit's four parts sum to the kernel's duration, the thread was switched out inside some
+// exits, and the off-CPU time never exceeds an exit.
+TEST(JointViewSched, RealCaptureSplitsOffCpuTimeOut) {
+  const std::string dump_path = KvmHost("joint-sched.esdump");
+  auto dump = ReadDump(dump_path);
+  ASSERT_TRUE(dump.has_value()) << dump.error().message;
+  auto v = BuildJointViewFromTrace(*dump, dump_path, KvmHost("joint-sched.dat"));
+  ASSERT_TRUE(v.has_value()) << v.error().message;
+  EXPECT_TRUE(v->sched_recorded);
+  EXPECT_EQ(v->sched_switches, 3763u);
+  EXPECT_EQ(v->vmm_exits, 838u);
+  EXPECT_GE(v->matched.size(), 830u);
+  EXPECT_EQ(v->matched.size() + v->unmatched_vmm.size(), v->vmm_exits);
+  size_t switched_out = 0;
+  uint64_t off = 0, runnable = 0;
+  for (const JointExit& j : v->matched) {
+    ASSERT_EQ(j.before_ns + j.handler_ns + j.after_ns + j.off_cpu_ns, j.kernel_ns);
+    ASSERT_LE(j.off_cpu_runnable_ns, j.off_cpu_ns);
+    ASSERT_LE(j.handler_ns, j.handler_wall_ns);
+    if (j.off_cpu_ns > 0) ++switched_out;
+    off += j.off_cpu_ns;
+    runnable += j.off_cpu_runnable_ns;
+  }
+  EXPECT_GT(switched_out, 0u);
+  std::printf(
+      "joint-sched: %zu matched, %zu switched out inside an exit, off-CPU %.3f ms (%.3f ms "
+      "preempted)\n",
+      v->matched.size(), switched_out, static_cast<double>(off) / 1e6,
+      static_cast<double>(runnable) / 1e6);
+}
+
 // Constructed cases: a dump whose TSC is 1 GHz with base 0, so a tick is a nanosecond on
 // both sides, and one kernel userspace exit per VMM exit: the kernel exit starts 5 us before
 // the handler and ends 7 us after it.
@@ -235,6 +267,71 @@ TEST(JointView, DumpCutShortLeavesEarlierKernelExitsBeforeItsOldestExit) {
   ASSERT_EQ(v->unmatched_kernel.size(), 5u);
   for (size_t i = 0; i < 4; ++i) EXPECT_EQ(v->unmatched_kernel[i].reason, kReasonBeforeDump);
   EXPECT_EQ(v->unmatched_kernel[4].reason, kReasonInProgress);
+}
+
+// sched_switch splits the time the vCPU thread was switched out of the part it fell in.
+// Exit i: kernel [t, t+22us), handler [t+5us, t+15us). The thread is switched out for 2 us
+// inside kernel-before (preempted), 3 us inside the handler (blocked) and 1 us inside
+// kernel-after (blocked); another thread's switches change nothing.
+TEST(JointView, SchedSwitchSplitsOffCpuTimeOutOfEachPart) {
+  Case c = MakeCase(4);
+  std::vector<SchedSwitch> sched;
+  for (int i = 0; i < 4; ++i) {
+    const uint64_t t = 1'000'000 + static_cast<uint64_t>(i) * kPeriod;
+    sched.push_back({t + 1'000, 4242, 0, true});    // preempted in kernel-before
+    sched.push_back({t + 3'000, 0, 4242, false});   // back: 2 us off
+    sched.push_back({t + 8'000, 4242, 77, false});  // sleeps in the handler
+    sched.push_back({t + 9'000, 77, 0, false});     // another thread: not ours
+    sched.push_back({t + 11'000, 0, 4242, false});  // back: 3 us off
+    sched.push_back({t + 18'000, 4242, 0, false});  // blocked in kernel-after
+    sched.push_back({t + 19'000, 0, 4242, false});  // back: 1 us off
+  }
+  auto v = BuildJointView(c.dump, c.kernel, "x86-tsc", {}, &sched);
+  ASSERT_TRUE(v.has_value()) << v.error().message;
+  EXPECT_TRUE(v->sched_recorded);
+  EXPECT_EQ(v->sched_switches, sched.size());
+  ASSERT_EQ(v->matched.size(), 4u);
+  for (const JointExit& j : v->matched) {
+    EXPECT_EQ(j.kernel_ns, kBefore + kHandler + kAfter);
+    EXPECT_EQ(j.off_cpu_ns, 6'000u);
+    EXPECT_EQ(j.off_cpu_runnable_ns, 2'000u);
+    EXPECT_EQ(j.before_ns, kBefore - 2'000);
+    EXPECT_EQ(j.handler_ns, kHandler - 3'000);
+    EXPECT_EQ(j.after_ns, kAfter - 1'000);
+    EXPECT_EQ(j.handler_wall_ns, kHandler);
+    EXPECT_EQ(j.before_ns + j.handler_ns + j.after_ns + j.off_cpu_ns, j.kernel_ns);
+  }
+  const JointGroups g = GroupJointExits(v->matched);
+  ASSERT_FALSE(g.by_kind.empty());
+  EXPECT_EQ(g.by_kind[0].off_cpu.p50_ns, 6'000u);
+}
+
+// A thread first seen switching in was off since the trace began; one switched out at the
+// end stays off to the end. Without sched records nothing is split.
+TEST(JointView, SchedSwitchAtTheEdgesAndAbsent) {
+  Case c = MakeCase(2);
+  const uint64_t t1 = 1'000'000 + kPeriod;
+  std::vector<SchedSwitch> sched = {
+      {1'000'000 + 2'000, 0, 4242, false},  // switches in 2 us into exit 0: off before
+      {t1 + 20'000, 4242, 0, true},         // out 2 us before exit 1 ends, never back
+  };
+  auto v = BuildJointView(c.dump, c.kernel, "x86-tsc", {}, &sched);
+  ASSERT_TRUE(v.has_value()) << v.error().message;
+  ASSERT_EQ(v->matched.size(), 2u);
+  EXPECT_EQ(v->matched[0].off_cpu_ns, 2'000u);
+  EXPECT_EQ(v->matched[0].before_ns, kBefore - 2'000);
+  EXPECT_EQ(v->matched[1].off_cpu_ns, 2'000u);
+  EXPECT_EQ(v->matched[1].off_cpu_runnable_ns, 2'000u);
+  EXPECT_EQ(v->matched[1].after_ns, kAfter - 2'000);
+
+  std::vector<SchedSwitch> none;
+  auto w = BuildJointView(c.dump, c.kernel, "x86-tsc", {}, &none);
+  ASSERT_TRUE(w.has_value()) << w.error().message;
+  EXPECT_FALSE(w->sched_recorded);
+  for (const JointExit& j : w->matched) {
+    EXPECT_EQ(j.off_cpu_ns, 0u);
+    EXPECT_EQ(j.before_ns + j.handler_ns + j.after_ns, j.kernel_ns);
+  }
 }
 
 }  // namespace

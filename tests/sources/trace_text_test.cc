@@ -26,6 +26,34 @@ Parsed Parse(std::string_view line, TextOptions o = {}) {
   return p;
 }
 
+// sched:sched_switch (the joint view's off-CPU split), in trace-cmd report's plugin format
+// (from `trace-cmd report testdata/kvm-host/joint-sched.dat`) and ftrace's key=value format.
+TEST(TraceText, SchedSwitchInBothFormats) {
+  Parsed p = Parse(
+      "       exitscope-19450 [000]33499111837062: sched_switch:         exitscope:19450 [120] S "
+      "==> exitscope:19451 [120]");
+  ASSERT_EQ(p.kind, TextLineKind::kRecord);
+  EXPECT_EQ(p.rec.type, KvmEventType::kSchedSwitch);
+  EXPECT_EQ(p.rec.prev_tid, 19450);
+  EXPECT_EQ(p.rec.next_tid, 19451);
+  EXPECT_NE(p.rec.prev_state, 0u);  // S: sleeping
+  p = Parse(
+      "       exitscope-19451 [000]33498974389244: sched_switch:         exitscope:19451 [120] R "
+      "==> cc1plus:19282 [139]");
+  ASSERT_EQ(p.kind, TextLineKind::kRecord);
+  EXPECT_EQ(p.rec.prev_tid, 19451);
+  EXPECT_EQ(p.rec.next_tid, 19282);
+  EXPECT_EQ(p.rec.prev_state, 0u);  // R: preempted
+  p = Parse(
+      "     exitscope-19451   [001] d..2.  5.000100: sched_switch: prev_comm=vcpu 0 prev_pid=19451 "
+      "prev_prio=120 prev_state=R+ ==> next_comm=swapper/1 next_pid=0 next_prio=120");
+  ASSERT_EQ(p.kind, TextLineKind::kRecord);
+  EXPECT_EQ(p.rec.type, KvmEventType::kSchedSwitch);
+  EXPECT_EQ(p.rec.prev_tid, 19451);
+  EXPECT_EQ(p.rec.next_tid, 0);
+  EXPECT_EQ(p.rec.prev_state, 0u);
+}
+
 TEST(TraceText, TraceCmdReportLinesFromTheCapture) {
   Parsed p = Parse(
       "            pvmx-16330 [000]4396959646611: kvm_userspace_exit:   reason KVM_EXIT_IO (2)");

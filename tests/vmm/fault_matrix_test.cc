@@ -1,0 +1,637 @@
+// The fault matrix (issue 12 part 4, docs/faults.md): what the reference VMM and the recorder
+// do when the guest, the backend, the signals or the disk misbehave, and that nothing
+// recorded is lost. Each case asserts what happened and that the counters add up:
+//
+//   every exit the vCPU loop handled is in its ring (written == exits), and every record
+//   written is in the dump read back, or counted as overwritten or skipped.
+//
+// Cases that boot a guest need /dev/kvm and skip with a printed reason without it (label
+// `kvm`); the dump-writing cases (SIGKILL, full disk, unwritable directory) need no KVM.
+// FaultMatrixSlow (a 30 s backend stall) is its own ctest test, labelled `slow`.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "exitscope/dump.h"
+#include "exitscope/recorder.h"
+#include "guests/abi.h"
+#include "vmm/vmm.h"
+
+namespace exitscope::vmm {
+namespace {
+
+namespace fs = std::filesystem;
+using std::chrono::milliseconds;
+
+#define SKIP_WITHOUT_KVM()                                                              \
+  do {                                                                                  \
+    const int kvm_fd = open("/dev/kvm", O_RDWR | O_CLOEXEC);                            \
+    if (kvm_fd < 0) GTEST_SKIP() << "/dev/kvm not available: " << std::strerror(errno); \
+    close(kvm_fd);                                                                      \
+  } while (0)
+
+// A user64 guest that reads and writes back every byte of [0xfe000000, 0xfe000000 + rdx)
+// (ES_UNASSIGNED_MMIO: no memory slot, no device), then reports pass on the debug port:
+//
+//   movabs $0xfe000000, %rcx;  mov %rcx, %r8;  add %rdx, %r8
+//   1: movb (%rcx), %al;  movb %al, (%rcx);  inc %rcx;  cmp %r8, %rcx;  jb 1b
+//   mov $0x500, %dx;  xor %eax, %eax;  out %eax, %dx          (ES_DEBUG_EXIT, code 0)
+//   2: int3;  jmp 2b
+//
+// (assembled with GNU as, checked with objdump -D -b binary -mi386:x86-64.)
+constexpr uint8_t kScanGuest[] = {0x48, 0xb9, 0x00, 0x00, 0x00, 0xfe, 0x00, 0x00, 0x00, 0x00,
+                                  0x49, 0x89, 0xc8, 0x49, 0x01, 0xd0, 0x8a, 0x01, 0x88, 0x01,
+                                  0x48, 0xff, 0xc1, 0x4c, 0x39, 0xc1, 0x72, 0xf4, 0x66, 0xba,
+                                  0x00, 0x05, 0x31, 0xc0, 0xef, 0xcc, 0xeb, 0xfd};
+static_assert(ES_UNASSIGNED_MMIO == 0xfe000000ull && ES_DEBUG_EXIT == 0x500);
+
+// kB from /proc/self/status ("VmHWM", "VmRSS").
+uint64_t StatusKb(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(field + ":", 0) == 0) return std::stoull(line.substr(field.size() + 1));
+  return 0;
+}
+
+bool DumpHandlerInstalled() {
+  struct sigaction sa {};
+  return sigaction(SIGUSR1, nullptr, &sa) == 0 && sa.sa_handler != SIG_DFL &&
+         sa.sa_handler != SIG_IGN;
+}
+
+std::string ReadFile(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+// Every record a ring took is in the dump, or counted as overwritten or skipped.
+void ExpectDumpAccountsForEveryRecord(const Dump& d) {
+  for (const DumpVcpu& v : d.vcpus) {
+    SCOPED_TRACE("vCPU " + std::to_string(v.vcpu));
+    EXPECT_EQ(v.exits.size() + v.counters.overwritten + v.counters.skipped, v.counters.written);
+  }
+}
+
+// After a run: each vCPU's ring holds every exit its loop handled, and the end dump (when
+// written) accounts for all of them.
+void ExpectNothingLost(Vmm& vmm, const VmmResult& r) {
+  ASSERT_EQ(r.vcpus.size(), vmm.config().vcpus);
+  for (const VcpuReport& v : r.vcpus) {
+    SCOPED_TRACE("vCPU " + std::to_string(v.vcpu));
+    EXPECT_EQ(vmm.recorder()->ring_counters(v.vcpu).written, v.outcome.exits);
+  }
+  EXPECT_EQ(vmm.recorder()->counters().bad_vcpu, 0u);
+  EXPECT_EQ(vmm.recorder()->device_event_counters().dropped, 0u);
+  if (!r.dump_path.empty()) {
+    auto dump = ReadDump(r.dump_path);
+    ASSERT_TRUE(dump) << dump.error().message;
+    ExpectDumpAccountsForEveryRecord(*dump);
+    for (const DumpVcpu& v : dump->vcpus)
+      EXPECT_EQ(v.counters.written, r.vcpus[v.vcpu].outcome.exits);
+  }
+}
+
+class FaultMatrix : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir = fs::temp_directory_path() /
+          ("exitscope-faults-" + std::to_string(getpid()) + "-" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  void TearDown() override {
+    for (const fs::path& m : mounts) umount2(m.c_str(), MNT_DETACH);
+    fs::remove_all(dir);
+  }
+  VmmConfig Config(const std::string& guest, uint32_t vcpus = 2) {
+    VmmConfig c;
+    c.guest = guest;
+    c.vcpus = vcpus;
+    c.serial_quiet = true;
+    c.dump_path = (dir / "end.esdump").string();
+    c.dump_signal_dir = dir.string();
+    c.duration_s = 120;  // a hung guest fails the test instead of hanging it
+    c.log = [](std::string_view) {};
+    return c;
+  }
+  // Runs `vmm` on a thread; `during` runs while it does. Returns the result.
+  Result<VmmResult> RunWhile(Vmm& vmm,
+                             const std::function<void(const std::atomic<bool>&)>& during) {
+    std::atomic<bool> running{true};
+    Result<VmmResult> r = Fail(ErrorCode::kInternal, "not run");
+    std::thread t([&] {
+      r = vmm.Run();
+      running = false;
+    });
+    during(running);
+    vmm.RequestStop();
+    t.join();
+    return r;
+  }
+  // A recorder holding `vcpus` x `per_vcpu` exits (no KVM): the payload of the dump tests.
+  static std::unique_ptr<Recorder> FilledRecorder(uint32_t vcpus, uint64_t per_vcpu) {
+    RecorderOptions ro;
+    ro.num_vcpus = vcpus;
+    ro.events_per_vcpu = per_vcpu;
+    ro.start_watchdog = false;  // no thread that could hold a lock across the tests' fork()
+    auto rec = Recorder::Create(ro);
+    if (!rec) return nullptr;
+    for (uint32_t v = 0; v < vcpus; ++v)
+      for (uint64_t i = 0; i < per_vcpu; ++i) {
+        (*rec)->BeginExit(v, ExitKind::kPio, 0x3f8 + (i % 8), 1,
+                          i % 2 ? AccessDir::kWrite : AccessDir::kRead, i);
+        (*rec)->EndExit(v, i);
+      }
+    return std::move(*rec);
+  }
+  // Mounts a tmpfs of `bytes` at `at`; false (and the reason) where mounting is not allowed.
+  bool MountTmpfs(const fs::path& at, uint64_t bytes, const char* extra, std::string* why) {
+    fs::create_directories(at);
+    const std::string opts =
+        "size=" + std::to_string(bytes) + (extra ? std::string(",") + extra : "");
+    if (mount("none", at.c_str(), "tmpfs", 0, opts.c_str()) != 0) {
+      *why = std::string("mount -t tmpfs: ") + std::strerror(errno);
+      return false;
+    }
+    mounts.push_back(at);
+    return true;
+  }
+  std::vector<std::string> FilesIn(const fs::path& d) {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(d)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  fs::path dir;
+  std::vector<fs::path> mounts;
+};
+
+// ---- The guest misbehaves -----------------------------------------------------------------
+
+// Every byte of 32 KiB of unassigned MMIO, read and written back (65536 exits): each read
+// is all ones, the VM keeps running to the guest's pass, the log holds at most its 4096
+// addresses and counts the rest, and host memory does not grow with the range (a 4x larger
+// scan than a first one leaves the high-water mark where the first one put it).
+TEST_F(FaultMatrix, GuestPokingEveryUnassignedMmioAddressKeepsRunningInBoundedMemory) {
+  SKIP_WITHOUT_KVM();
+  const fs::path image = dir / "scan.bin";
+  {
+    std::ofstream out(image, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(kScanGuest), sizeof kScanGuest);
+  }
+  uint64_t hwm_kb[2] = {};
+  // Both scans pass the log's 4096 addresses and wrap the ring (8192 records), so what the
+  // recorder holds is full in both and only the number of addresses differs.
+  const uint64_t bytes[2] = {8 << 10, 32 << 10};
+  for (int run = 0; run < 2; ++run) {
+    SCOPED_TRACE("scan of " + std::to_string(bytes[run]) + " bytes");
+    VmmConfig c = Config(image.string(), 1);
+    c.guest_arg = bytes[run];
+    c.events_per_vcpu = 8192;
+    auto vmm = Vmm::Create(c);
+    ASSERT_TRUE(vmm) << vmm.error().message;
+    auto r = (*vmm)->Run();
+    ASSERT_TRUE(r) << r.error().message;
+    EXPECT_TRUE(r->passed) << r->fatal_detail << " / " << r->vcpus[0].outcome.detail;
+    EXPECT_FALSE(r->fatal) << r->fatal_detail;
+    EXPECT_EQ(r->vcpus[0].outcome.mmio_exits, 2 * bytes[run]);
+    EXPECT_EQ(r->unassigned_accesses, 2 * bytes[run]);
+    // The log is a fixed table (UnassignedLog::kDefaultCapacity addresses, a bounded probe
+    // per access): it fills, and never holds more.
+    EXPECT_LE(r->unassigned_logged, UnassignedLog::kDefaultCapacity);
+    EXPECT_GT(r->unassigned_logged, UnassignedLog::kDefaultCapacity / 2);
+    // Each access is the one that logged its address, a repeat (the write after the read)
+    // of a logged one, or counted as overflow: 2 per address not logged.
+    EXPECT_EQ(r->unassigned_overflow, 2 * (bytes[run] - r->unassigned_logged));
+    ExpectNothingLost(**vmm, *r);
+    hwm_kb[run] = StatusKb("VmHWM");
+  }
+  EXPECT_LE(hwm_kb[1], hwm_kb[0] + 4096)
+      << "VmHWM " << hwm_kb[0] << " kB after 8 KiB, " << hwm_kb[1] << " kB after 32 KiB";
+}
+
+// ---- The backend misbehaves ---------------------------------------------------------------
+
+// Every 5th backend I/O fails: the guest sees the media error (code 4), the recorder has one
+// backend-error event per failed I/O, and every submitted I/O completed.
+TEST_F(FaultMatrix, BackendIoErrorsReachTheGuestAndEveryIoIsAccountedFor) {
+  SKIP_WITHOUT_KVM();
+  VmmConfig c = Config("blk");
+  c.injects.push_back(*ParseInjectSpec("backend-error:nvme0:5"));
+  auto vmm = Vmm::Create(c);
+  ASSERT_TRUE(vmm) << vmm.error().message;
+  auto r = (*vmm)->Run();
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_FALSE(r->passed);
+  EXPECT_FALSE(r->fatal) << r->fatal_detail;
+  for (const VcpuReport& v : r->vcpus) {
+    EXPECT_EQ(v.outcome.state, VcpuState::kFinished) << v.outcome.detail;
+    EXPECT_EQ(v.outcome.code, static_cast<uint32_t>(ES_FAIL_NVME_IO)) << "vCPU " << v.vcpu;
+  }
+  EXPECT_GT(r->block.errors, 0u);
+  EXPECT_EQ(r->block.submitted, r->block.completed);
+  uint64_t backend_errors = 0, submits = 0, completes = 0;
+  for (const DumpDeviceEvent& e : (*vmm)->recorder()->Snapshot().device_events) {
+    backend_errors += e.type == DeviceEventType::kBackendError;
+    submits += e.type == DeviceEventType::kIoSubmit;
+    completes += e.type == DeviceEventType::kIoComplete;
+  }
+  EXPECT_EQ(backend_errors, r->block.errors);
+  EXPECT_EQ(submits, r->block.submitted);
+  EXPECT_EQ(completes, r->block.completed);
+  ExpectNothingLost(**vmm, *r);
+}
+
+struct Stall {
+  uint64_t ms;
+  uint64_t every;
+};
+
+class FaultMatrixStall : public FaultMatrix, public ::testing::WithParamInterface<Stall> {};
+
+// A backend stall of MS on every Nth I/O: the guest still passes with its data verified,
+// every I/O completes, and a stall above the slow threshold is a slow exit on the doorbell
+// that waited for the backend (depth 1).
+TEST_P(FaultMatrixStall, BackendStallDelaysButLosesNothing) {
+  SKIP_WITHOUT_KVM();
+  const Stall s = GetParam();
+  VmmConfig c = Config("blk");
+  c.slow_ms = 200;
+  c.injects.push_back(*ParseInjectSpec("backend-delay:nvme0:" + std::to_string(s.ms) + ":" +
+                                       std::to_string(s.every)));
+  auto created = Vmm::Create(c);
+  ASSERT_TRUE(created) << created.error().message;
+  Vmm* vmm = created->get();
+  auto r = vmm->Run();
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_TRUE(r->passed) << r->fatal_detail;
+  EXPECT_EQ(r->block.submitted, r->block.completed);
+  EXPECT_EQ(r->block.errors, 0u);
+  int slow = 0;
+  for (const FindingRecord& f : vmm->recorder()->Findings())
+    if (f.type == FindingType::kSlowExit) {
+      ++slow;
+      EXPECT_GE(f.duration_ns, s.ms * 1'000'000 / 2) << f.text;
+    }
+  if (s.ms >= c.slow_ms) {
+    EXPECT_GE(slow, 1) << "no slow exit for a " << s.ms << " ms stall";
+  }
+  ExpectNothingLost(*vmm, *r);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stalls, FaultMatrixStall, ::testing::Values(Stall{1, 1}, Stall{1000, 200}),
+                         [](const auto& info) { return std::to_string(info.param.ms) + "ms"; });
+
+// ---- A vCPU stuck forever -----------------------------------------------------------------
+
+// The vCPU sleeps inside a debug0.INFO read for an hour (the longest --inject allows): the watchdog
+// reports it while it is stuck, SIGUSR1 still writes a dump that shows the exit in progress, and a
+// stop request still ends the run with every exit recorded.
+TEST_F(FaultMatrix, VcpuStuckForeverIsReportedWhileStuckAndSigusr1StillDumps) {
+  SKIP_WITHOUT_KVM();
+  VmmConfig c = Config("hello", 1);
+  c.slow_ms = 100;
+  c.injects.push_back(*ParseInjectSpec("delay:debug0.INFO:3600000"));
+  auto vmm = Vmm::Create(c);
+  ASSERT_TRUE(vmm) << vmm.error().message;
+  std::string stuck_text, dump_path;
+  bool was_running = false;
+  auto r = RunWhile(**vmm, [&](const std::atomic<bool>& running) {
+    for (int i = 0; i < 1000 && running && stuck_text.empty(); ++i) {
+      for (const FindingRecord& f : (*vmm)->recorder()->Findings())
+        if (f.type == FindingType::kStuckExitBegin) stuck_text = f.text;
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+    if (stuck_text.empty()) return;
+    ASSERT_TRUE(DumpHandlerInstalled());
+    ASSERT_EQ(0, kill(getpid(), SIGUSR1));
+    for (int i = 0; i < 1000 && dump_path.empty(); ++i) {
+      dump_path = (*vmm)->recorder()->last_signal_dump();
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+    was_running = running;
+  });
+  ASSERT_FALSE(stuck_text.empty()) << "the watchdog did not report the stuck vCPU";
+  EXPECT_NE(stuck_text.find("debug0.INFO"), std::string::npos) << stuck_text;
+  EXPECT_TRUE(was_running);
+  ASSERT_FALSE(dump_path.empty()) << "no dump after SIGUSR1 while the vCPU was stuck";
+  auto dump = ReadDump(dump_path);
+  ASSERT_TRUE(dump) << dump.error().message;
+  ASSERT_EQ(dump->vcpus.size(), 1u);
+  ASSERT_TRUE(dump->vcpus[0].in_progress.has_value()) << "the stuck exit is not in the dump";
+  EXPECT_EQ(dump->RegisterName(*dump->vcpus[0].in_progress), "INFO");  // of debug0
+  EXPECT_GE(dump->vcpus[0].in_progress->duration_ns, c.slow_ms * 1'000'000);
+  ExpectDumpAccountsForEveryRecord(*dump);
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_TRUE(r->stopped);
+  ExpectNothingLost(**vmm, *r);
+}
+
+// ---- Signals --------------------------------------------------------------------------------
+
+// 100 SIGUSR1 a second for 3 s while two vCPUs run: the guest keeps running, every dump
+// written is complete and readable and accounts for its records, no temporary file is left,
+// and the run ends with every exit recorded. Signals that arrive while a dump is being
+// written coalesce into the next one (the handler only bumps an eventfd).
+TEST_F(FaultMatrix, Sigusr1StormWhileTheGuestRuns) {
+  SKIP_WITHOUT_KVM();
+  VmmConfig c = Config("idle");
+  c.guest_arg = 1000000;  // runs until stopped
+  auto vmm = Vmm::Create(c);
+  ASSERT_TRUE(vmm) << vmm.error().message;
+  int sent = 0;
+  bool running_throughout = true;
+  auto r = RunWhile(**vmm, [&](const std::atomic<bool>& running) {
+    // SIGUSR1's default action ends the process: start once Run has installed the handler
+    // and the guest is running.
+    for (int i = 0; i < 3000 && running && !DumpHandlerInstalled(); ++i)
+      std::this_thread::sleep_for(milliseconds(10));
+    ASSERT_TRUE(DumpHandlerInstalled());
+    std::this_thread::sleep_for(milliseconds(200));
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    auto next = std::chrono::steady_clock::now();
+    while (std::chrono::steady_clock::now() < until) {
+      ASSERT_EQ(0, kill(getpid(), SIGUSR1));
+      ++sent;
+      running_throughout &= running.load();
+      next += milliseconds(10);
+      std::this_thread::sleep_until(next);
+    }
+    // Let the signal thread finish the dump it is writing.
+    std::string last;
+    for (int i = 0; i < 200; ++i) {
+      const std::string now = (*vmm)->recorder()->last_signal_dump();
+      if (!now.empty() && now == last) break;
+      last = now;
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+  });
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_TRUE(running_throughout);
+  EXPECT_TRUE(r->stopped);
+  EXPECT_FALSE(r->fatal) << r->fatal_detail;
+  EXPECT_GE(sent, 250);
+  int dumps = 0;
+  for (const std::string& name : FilesIn(dir)) {
+    EXPECT_EQ(name.find(".tmp."), std::string::npos) << "temporary file left: " << name;
+    if (name == "end.esdump" || name.rfind("exitscope-", 0) != 0) continue;
+    ++dumps;
+    auto d = ReadDump((dir / name).string());
+    ASSERT_TRUE(d) << name << ": " << d.error().message;
+    EXPECT_EQ(d->vcpus.size(), 2u);
+    ExpectDumpAccountsForEveryRecord(*d);
+  }
+  EXPECT_GE(dumps, 1);
+  EXPECT_LE(dumps, sent);
+  ExpectNothingLost(**vmm, *r);
+}
+
+// ---- The disk misbehaves (no KVM needed) --------------------------------------------------
+
+// A child writes the same dump path over and over and is SIGKILLed at random points, 20
+// times: after each kill the path holds a complete dump (the first one, or a later one),
+// never a partial file, and it accounts for every record.
+TEST_F(FaultMatrix, SigkillWhileWritingADumpNeverLeavesAPartialFileUnderTheFinalName) {
+  const fs::path path = dir / "vmm.esdump";
+  auto rec = FilledRecorder(4, 1 << 16);
+  ASSERT_TRUE(rec);
+  ASSERT_TRUE(rec->WriteDump(path.string()));
+  const std::string first = ReadFile(path);
+  ASSERT_GT(first.size(), 1u << 20);
+  std::mt19937 rng(12);
+  int killed_mid_write = 0;
+  for (int round = 0; round < 20; ++round) {
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      for (;;)
+        if (!rec->WriteDump(path.string())) _exit(3);
+    }
+    // Kill while the file is being written: once the writer's temporary file exists (the
+    // snapshot before it takes a while), after a random 0-2 ms.
+    const std::string tmp = path.string() + ".tmp." + std::to_string(child);
+    for (int i = 0; i < 10000 && !fs::exists(tmp); ++i)
+      std::this_thread::sleep_for(std::chrono::microseconds(500));
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 2000));
+    ASSERT_EQ(0, kill(child, SIGKILL));
+    int st = 0;
+    ASSERT_EQ(child, waitpid(child, &st, 0));
+    ASSERT_TRUE(WIFSIGNALED(st)) << "the writer exited by itself: " << st;
+    killed_mid_write += fs::exists(tmp);
+    fs::remove(tmp);  // the killed writer's temporary file: never under the final name
+    auto d = ReadDump(path.string());
+    ASSERT_TRUE(d) << "round " << round << ": " << d.error().message;
+    EXPECT_EQ(fs::file_size(path), first.size()) << "round " << round;
+    ASSERT_EQ(d->vcpus.size(), 4u);
+    for (const DumpVcpu& v : d->vcpus) EXPECT_EQ(v.exits.size(), 1u << 16);
+    ExpectDumpAccountsForEveryRecord(*d);
+  }
+  EXPECT_EQ(FilesIn(dir), std::vector<std::string>{"vmm.esdump"});
+  // Kills landed inside a write (which is what this case is about).
+  EXPECT_GE(killed_mid_write, 10);
+}
+
+// The file-size limit (RLIMIT_FSIZE, as a full disk would) stops a dump halfway: the write
+// fails with a message naming the path, the previous dump is byte for byte intact, and no
+// temporary file is left.
+TEST_F(FaultMatrix, FileSizeLimitMidDumpFailsAndKeepsThePreviousDump) {
+  const fs::path path = dir / "vmm.esdump";
+  auto small = FilledRecorder(1, 256);
+  ASSERT_TRUE(small);
+  ASSERT_TRUE(small->WriteDump(path.string()));
+  const std::string before = ReadFile(path);
+  auto big = FilledRecorder(2, 1 << 16);
+  ASSERT_TRUE(big);
+  int pipefd[2];
+  ASSERT_EQ(0, pipe(pipefd));
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(pipefd[0]);
+    signal(SIGXFSZ, SIG_IGN);  // write() then fails with EFBIG instead of killing us
+    const rlimit lim{256 << 10, 256 << 10};
+    if (setrlimit(RLIMIT_FSIZE, &lim) != 0) _exit(4);
+    Status s = big->WriteDump(path.string());
+    const std::string msg = s ? "ok" : s.error().message;
+    (void)!write(pipefd[1], msg.data(), msg.size());
+    _exit(s ? 0 : 1);
+  }
+  close(pipefd[1]);
+  std::string msg;
+  char buf[512];
+  ssize_t n;
+  while ((n = read(pipefd[0], buf, sizeof buf)) > 0) msg.append(buf, static_cast<size_t>(n));
+  close(pipefd[0]);
+  int st = 0;
+  ASSERT_EQ(child, waitpid(child, &st, 0));
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 1) << msg;
+  EXPECT_NE(msg.find(path.string()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("File too large"), std::string::npos) << msg;
+  EXPECT_EQ(ReadFile(path), before);
+  EXPECT_EQ(FilesIn(dir), std::vector<std::string>{"vmm.esdump"});
+}
+
+// A real full file system (a 64 KiB tmpfs): a small dump fits, a large one fails with ENOSPC
+// naming the path; the small one stays intact and no temporary file is left.
+TEST_F(FaultMatrix, FullDiskMidDumpFailsAndKeepsThePreviousDump) {
+  std::string why;
+  const fs::path mnt = dir / "small";
+  if (!MountTmpfs(mnt, 64 << 10, nullptr, &why)) GTEST_SKIP() << why;
+  const fs::path path = mnt / "vmm.esdump";
+  auto small = FilledRecorder(1, 64);
+  ASSERT_TRUE(small);
+  ASSERT_TRUE(small->WriteDump(path.string()));
+  const std::string before = ReadFile(path);
+  ASSERT_LT(before.size(), 32u << 10);
+  auto big = FilledRecorder(2, 1 << 14);
+  ASSERT_TRUE(big);
+  Status s = big->WriteDump(path.string());
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.error().message.find(path.string()), std::string::npos) << s.error().message;
+  EXPECT_NE(s.error().message.find("No space left on device"), std::string::npos)
+      << s.error().message;
+  EXPECT_EQ(ReadFile(path), before);
+  EXPECT_EQ(FilesIn(mnt), std::vector<std::string>{"vmm.esdump"});
+  auto d = ReadDump(path.string());
+  ASSERT_TRUE(d) << d.error().message;
+  ExpectDumpAccountsForEveryRecord(*d);
+}
+
+// A dump directory that cannot be written (a read-only mount: root ignores mode bits):
+// WriteDump and the SIGUSR1 dump both fail with a line naming the path, nothing is created,
+// and the recorder keeps recording.
+TEST_F(FaultMatrix, UnwritableDumpDirectoryFailsWithTheReasonAndKeepsRecording) {
+  std::string why;
+  const fs::path ro = dir / "ro";
+  if (!MountTmpfs(ro, 64 << 10, "ro", &why)) GTEST_SKIP() << why;
+  auto rec = FilledRecorder(1, 128);
+  ASSERT_TRUE(rec);
+  std::vector<std::string> logged;
+  std::mutex mu;
+  rec->SetLogSink([&](std::string_view l) {
+    std::lock_guard lock(mu);
+    logged.emplace_back(l);
+  });
+  const std::string path = (ro / "vmm.esdump").string();
+  Status s = rec->WriteDump(path);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.error().message.find(path), std::string::npos) << s.error().message;
+  EXPECT_NE(s.error().message.find("Read-only file system"), std::string::npos)
+      << s.error().message;
+  ASSERT_TRUE(rec->InstallDumpSignal(SIGUSR1, ro.string()));
+  ASSERT_EQ(0, kill(getpid(), SIGUSR1));
+  bool failed_logged = false;
+  for (int i = 0; i < 500 && !failed_logged; ++i) {
+    {
+      std::lock_guard lock(mu);
+      for (const std::string& l : logged)
+        failed_logged |= l.find("dump on signal failed") != std::string::npos &&
+                         l.find(ro.string()) != std::string::npos;
+    }
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  rec->RemoveDumpSignal();
+  EXPECT_TRUE(failed_logged);
+  EXPECT_EQ(rec->last_signal_dump(), "");
+  EXPECT_TRUE(FilesIn(ro).empty());
+  // Still recording: one more exit is in the ring.
+  rec->BeginExit(0, ExitKind::kPio, 0x3f8, 1, AccessDir::kRead, 0);
+  rec->EndExit(0, 0);
+  EXPECT_EQ(rec->ring_counters(0).written, 129u);
+}
+
+// `exitscope run --dump` into a directory that cannot be written: the run says so, naming
+// the path and the reason, and exits non-zero.
+TEST_F(FaultMatrix, RunWithAnUnwritableDumpPathExitsNonZeroNamingIt) {
+  SKIP_WITHOUT_KVM();
+  std::string why;
+  const fs::path ro = dir / "ro";
+  if (!MountTmpfs(ro, 64 << 10, "ro", &why)) GTEST_SKIP() << why;
+  const std::string path = (ro / "x.esdump").string();
+  const std::string binary = std::string(EXITSCOPE_BINARY_DIR) + "/exitscope";
+  ASSERT_TRUE(fs::exists(binary)) << binary << " not built";
+  const std::string cmd = std::string(EXITSCOPE_BINARY_DIR) +
+                          "/exitscope run --guest hello --vcpus 1 --dump " + path + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int st = pclose(p);
+  ASSERT_TRUE(WIFEXITED(st)) << out;
+  EXPECT_NE(WEXITSTATUS(st), 0) << out;
+  EXPECT_NE(out.find(path), std::string::npos) << out;
+  EXPECT_NE(out.find("Read-only file system"), std::string::npos) << out;
+  EXPECT_TRUE(FilesIn(ro).empty());
+}
+
+// ---- 30 s (ctest: vmm_fault_matrix_slow, label `slow`) ------------------------------------
+
+// One backend I/O stalls for 30 s: the vCPU that rang the doorbell is reported stuck while
+// it waits, the I/O is reported aged (--io-age 20 s) while in flight, and afterwards the
+// guest passes with every I/O completed and every exit recorded.
+TEST_F(FaultMatrix, Slow30sBackendStallIsReportedWhileInProgressAndLosesNothing) {
+  SKIP_WITHOUT_KVM();
+  VmmConfig c = Config("blk");
+  c.slow_ms = 1000;
+  c.io_age_ms = 20000;
+  c.injects.push_back(*ParseInjectSpec("backend-delay:nvme0:30000:600"));
+  auto vmm = Vmm::Create(c);
+  ASSERT_TRUE(vmm) << vmm.error().message;
+  bool stuck_while_running = false, aged_while_running = false;
+  std::atomic<bool> done{false};
+  Result<VmmResult> r = Fail(ErrorCode::kInternal, "not run");
+  std::thread t([&] {
+    r = (*vmm)->Run();
+    done = true;
+  });
+  while (!done) {
+    for (const FindingRecord& f : (*vmm)->recorder()->Findings()) {
+      stuck_while_running |= f.type == FindingType::kStuckExitBegin && !done;
+      aged_while_running |= f.type == FindingType::kAgedIo && !done;
+    }
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  t.join();
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_TRUE(r->passed) << r->fatal_detail;
+  EXPECT_FALSE(r->stopped) << "the 120 s duration limit ended the run";
+  EXPECT_TRUE(stuck_while_running);
+  EXPECT_TRUE(aged_while_running);
+  EXPECT_EQ(r->block.submitted, r->block.completed);
+  EXPECT_EQ(r->block.errors, 0u);
+  int slow_30s = 0;
+  for (const FindingRecord& f : (*vmm)->recorder()->Findings())
+    slow_30s += f.type == FindingType::kSlowExit && f.duration_ns >= 29'000'000'000ull;
+  EXPECT_GE(slow_30s, 1);
+  ExpectNothingLost(**vmm, *r);
+}
+
+}  // namespace
+}  // namespace exitscope::vmm

@@ -10,12 +10,14 @@
 // FaultMatrixSlow (a 30 s backend stall) is its own ctest test, labelled `slow`.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+
 #include <signal.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <cstdio>
 
 #include <algorithm>
 #include <atomic>
@@ -230,8 +232,17 @@ TEST_F(FaultMatrix, GuestPokingEveryUnassignedMmioAddressKeepsRunningInBoundedMe
     ExpectNothingLost(**vmm, *r);
     hwm_kb[run] = StatusKb("VmHWM");
   }
+#if defined(__SANITIZE_ADDRESS__)
+  // ASan keeps freed memory in its quarantine and grows its shadow with every allocation, so
+  // the high-water mark says nothing about the VMM's own memory there (make asan): the fixed
+  // log and ring above are what bound it; the bound is checked in the plain build.
+  std::printf("VmHWM %llu kB after 8 KiB, %llu kB after 32 KiB (not compared under ASan)\n",
+              static_cast<unsigned long long>(hwm_kb[0]),
+              static_cast<unsigned long long>(hwm_kb[1]));
+#else
   EXPECT_LE(hwm_kb[1], hwm_kb[0] + 4096)
       << "VmHWM " << hwm_kb[0] << " kB after 8 KiB, " << hwm_kb[1] << " kB after 32 KiB";
+#endif
 }
 
 // ---- The backend misbehaves ---------------------------------------------------------------

@@ -2,10 +2,18 @@
 #include "lib/guest.h"
 
 static volatile u32 arrived;
+static volatile u32 uart_ready;
 
 int guest_main(u32 vcpu, u32 nvcpus, u64 arg) {
   (void)arg;
-  if (vcpu == 0) uart_init();
+  /* vCPU 0 programs the UART (DLAB on, divisor, DLAB off) before anyone writes: a THR write
+   * that lands while DLAB is set goes to the divisor latch and the character is lost. */
+  if (vcpu == 0) {
+    uart_init();
+    __atomic_store_n(&uart_ready, 1, __ATOMIC_RELEASE);
+  } else {
+    while (!__atomic_load_n(&uart_ready, __ATOMIC_ACQUIRE)) cpu_relax();
+  }
   /* The scratch register must hold what was written (16550: offset 7). */
   uart_lock();
   outb(ES_UART_PORT + 7, (u8)(0xa5 ^ vcpu));

@@ -112,6 +112,19 @@ OffSplit OffCpuIn(const std::vector<OffCpu>* v, uint64_t a, uint64_t b) {
   return r;
 }
 
+// The switched-out intervals of [a, b), clipped to it.
+std::vector<JointExit::OffCpuSpan> OffCpuSpans(const std::vector<OffCpu>& v, uint64_t a,
+                                               uint64_t b) {
+  std::vector<JointExit::OffCpuSpan> out;
+  auto it = std::lower_bound(v.begin(), v.end(), a,
+                             [](const OffCpu& o, uint64_t t) { return o.end <= t; });
+  for (; it != v.end() && it->start < b; ++it) {
+    const uint64_t lo = std::max(a, it->start), hi = std::min(b, it->end);
+    if (hi > lo) out.push_back({lo, hi - lo, it->runnable});
+  }
+  return out;
+}
+
 uint64_t Percentile(std::vector<uint64_t>& v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -308,6 +321,7 @@ Result<JointView> BuildJointView(const Dump& dump, const std::vector<ExitEvent>&
         j.after_ns -= oa.total;
         j.off_cpu_ns = ob.total + oh.total + oa.total;
         j.off_cpu_runnable_ns = ob.runnable + oh.runnable + oa.runnable;
+        if (ov != nullptr) j.off_cpu_spans = OffCpuSpans(*ov, k->start, k->end);
       }
       j.kind = std::string(ToString(d.kind));
       j.device = dump.DeviceName(d.device);

@@ -86,6 +86,14 @@ struct JointExit {
   std::string reg;               // "SQ1TDBL", "" when none
   std::string dir;               // "read", "write", ""
   std::string kernel_reason;     // the kernel's user_reason ("IO", "MMIO")
+
+  // Only where JointView::sched_recorded: when the thread was switched out inside the exit
+  // (CLOCK_MONOTONIC ns, in time order, clipped to the exit); they sum to off_cpu_ns.
+  struct OffCpuSpan {
+    uint64_t start_ns = 0, duration_ns = 0;
+    bool runnable = false;  // preempted, not sleeping or blocked
+  };
+  std::vector<OffCpuSpan> off_cpu_spans;
 };
 
 // An exit one side saw and the other did not.

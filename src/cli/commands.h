@@ -11,5 +11,6 @@ int KvmMain(int argc, char** argv);        // cmd_kvm.cc: kernel-side analysis; 
 int KvmRecordMain(int argc, char** argv);  // cmd_kvm_record.cc: `exitscope kvm record`
 int KvmLiveMain(int argc, char** argv);    // cmd_kvm_live.cc: `exitscope kvm live`
 int KvmStatMain(int argc, char** argv);    // cmd_kvm_stat.cc: `exitscope kvm stat [--bpf]`
+int TimelineMain(int argc, char** argv);   // cmd_timeline.cc: Trace Event JSON timeline
 
 }  // namespace exitscope::cli

@@ -23,6 +23,9 @@ constexpr Command kCommands[] = {
      exitscope::cli::InspectMain},
     {"kvm", "kernel-side exit analysis from KVM tracepoints (record | report | live | stat)",
      exitscope::cli::KvmMain},
+    {"timeline",
+     "exit timeline of a dump and/or kernel trace for ui.perfetto.dev (Trace Event JSON)",
+     exitscope::cli::TimelineMain},
 };
 
 void Usage(FILE* out) {

@@ -6,7 +6,15 @@
 #include <cerrno>
 #include <cstring>
 #include <iterator>
+#include <limits>
+#include <memory>
 #include <tuple>
+
+#include "exitscope/clock.h"
+#include "sources/dump_source.h"
+#include "sources/kvm_device_map.h"
+#include "sources/kvm_input.h"
+#include "sources/kvm_pairing.h"
 
 namespace exitscope::report {
 namespace {
@@ -523,6 +531,185 @@ Status TimelineWriter::Finish(uint64_t end_ns) {
     return Fail(ErrorCode::kIo, fmt::format("write failed: {}", std::strerror(errno)));
   }
   return {};
+}
+
+namespace {
+
+// A track of a kernel thread that runs no vCPU of the dump (joint view): kThreadTrack + tid.
+constexpr uint32_t kThreadTrack = 1'000'000;
+
+// The earliest time a dump holds (its exits, device events, findings).
+uint64_t FirstTime(const Dump& d) {
+  uint64_t t = std::numeric_limits<uint64_t>::max();
+  for (const DumpVcpu& v : d.vcpus) {
+    if (!v.exits.empty()) t = std::min(t, v.exits.front().start_ns);
+    if (v.in_progress) t = std::min(t, v.in_progress->start_ns);
+  }
+  if (!d.device_events.empty()) t = std::min(t, d.device_events.front().time_ns);
+  for (const FindingRecord& f : d.findings) t = std::min(t, f.time_ns);
+  return t == std::numeric_limits<uint64_t>::max() ? d.monotonic_ns : t;
+}
+
+std::string VmName(const Dump& d) {
+  return fmt::format("{} (pid {})", d.process.comm.empty() ? "VMM" : d.process.comm, d.process.pid);
+}
+
+// The kernel trace's exits on the joint view's tracks: times from raw x86-tsc ticks to the
+// dump's CLOCK_MONOTONIC ns (the dump's calibration, as BuildJointView converts them), each
+// thread on the track of the dump vCPU it runs.
+class JointKernelSink : public EventSink {
+ public:
+  JointKernelSink(const Clock& clock, const analysis::JointView& view, uint32_t vm,
+                  report::TimelineWriter* w)
+      : clock_(clock), vm_(vm), w_(w) {
+    for (const analysis::JointVcpuThread& t : view.threads) vcpu_of_tid_[t.tid] = t.vcpu;
+  }
+  void OnExit(const ExitEvent& k) override {
+    ExitEvent e = k;
+    e.start_ns = clock_.ToMonotonicNs(k.start_ns);
+    if (k.end == ExitEnd::kSeen) {
+      e.duration_ns = clock_.ToMonotonicNs(k.start_ns + k.duration_ns) - e.start_ns;
+    }
+    e.vm = vm_;
+    if (const auto it = vcpu_of_tid_.find(k.tid); it != vcpu_of_tid_.end()) {
+      e.vcpu = it->second;
+    } else {
+      e.vcpu = kThreadTrack + k.tid;
+      if (named_.insert(k.tid).second) {
+        w_->NameTrack(vm_, e.vcpu, fmt::format("thread {} (no vCPU of the dump)", k.tid));
+      }
+    }
+    if (!k.kernel_access && k.end == ExitEnd::kSeen) first_ = std::min(first_, e.start_ns);
+    w_->kernel_sink()->OnExit(e);
+  }
+  uint64_t first() const noexcept { return first_; }
+
+ private:
+  Clock clock_;
+  uint32_t vm_;
+  report::TimelineWriter* w_;
+  std::map<uint32_t, uint32_t> vcpu_of_tid_;
+  std::set<uint32_t> named_;
+  uint64_t first_ = std::numeric_limits<uint64_t>::max();
+};
+
+// The output file, closed (and removed after a failure) by Close.
+struct Output {
+  std::FILE* f = nullptr;
+  std::string path;
+  Status Close(Status s) {
+    const bool failed = f != stdout && std::fclose(f) != 0;
+    if (s && failed) {
+      s = Fail(ErrorCode::kIo, fmt::format("{}: close failed: {}", path, std::strerror(errno)));
+    }
+    if (!s && f != stdout) std::remove(path.c_str());
+    f = nullptr;
+    return s;
+  }
+};
+
+Result<Output> Create(const std::string& path) {
+  if (path == "-") return Output{stdout, path};
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) {
+    return Fail(ErrorCode::kIo, fmt::format("{}: cannot create: {}", path, std::strerror(errno)));
+  }
+  return Output{f, path};
+}
+
+Status Named(Status s, const std::string& path) {
+  if (s) return s;
+  return Fail(s.error().code, fmt::format("{}: {}", path, s.error().message));
+}
+
+}  // namespace
+
+Result<TimelineStats> WriteTimeline(const TimelineInputs& in, TimelineOptions o,
+                                    const std::string& out_path) {
+  const Dump* dump = in.dump;
+  if (dump != nullptr) {
+    o.vm = static_cast<uint32_t>(dump->process.pid);
+    o.other_data.push_back({"dump", in.dump_path});
+    o.other_data.push_back({"clock", "CLOCK_MONOTONIC ns of the recording host"});
+    o.other_data.push_back({"includes_guest_data", dump->includes_guest_data ? "true" : "false"});
+    o.other_data.push_back(
+        {"slow_exit_threshold_ns", std::to_string(dump->slow_exit_threshold_ns)});
+  }
+  if (in.trace_path.empty()) {  // a dump alone
+    if (dump == nullptr) return Fail(ErrorCode::kInvalidArgument, "no input");
+    auto out = Create(out_path);
+    if (!out) return Propagate(out);
+    TimelineWriter w(out->f, o);
+    w.SetBase(FirstTime(*dump));
+    w.NameVm(o.vm, VmName(*dump));
+    sources::DumpSource src(*dump);
+    src.Emit(&w);
+    if (Status s = out->Close(Named(w.Finish(dump->monotonic_ns), out_path)); !s) {
+      return Propagate(s);
+    }
+    return w.stats();
+  }
+
+  sources::KvmInputOptions iopts;
+  Result<analysis::JointView> view = Fail(ErrorCode::kNotFound, "no joint view");
+  std::unique_ptr<sources::KvmDeviceMap> devices;
+  if (dump != nullptr) {
+    view = analysis::BuildJointViewFromTrace(*dump, in.dump_path, in.trace_path);
+    if (!view) return Propagate(view);
+    auto d = sources::KvmDeviceMap::LoadDump(in.dump_path);
+    if (!d) return Propagate(d);
+    devices = std::move(*d);
+    iopts.tsc_khz = dump->clock.tsc_hz ? (dump->clock.tsc_hz + 500) / 1000 : 1;
+  } else if (!in.device_map.empty()) {
+    auto d = sources::KvmDeviceMap::Load(in.device_map);
+    if (!d) return Propagate(d);
+    devices = std::move(*d);
+  }
+  auto opened = sources::KvmInput::Open(in.trace_path, iopts);
+  if (!opened) return Propagate(opened);
+  sources::KvmInput& trace = **opened;
+  o.other_data.push_back({"trace", in.trace_path});
+  o.other_data.push_back({"trace_format", trace.format_name()});
+  o.other_data.push_back({"trace_clock", trace.clock()});
+
+  auto out = Create(out_path);
+  if (!out) return Propagate(out);
+  TimelineWriter w(out->f, o);
+  if (dump == nullptr) {  // a trace alone: ts 0 is its first record
+    struct First {
+      TimelineWriter* w;
+      sources::ClockScale scale;
+      bool seen = false;
+    } first{&w, trace.scale()};
+    sources::KvmPairer pairer({.clock = trace.scale(), .devices = devices.get()}, w.kernel_sink());
+    pairer.SetRecordObserver(
+        [](const sources::KvmRecord& r, void* ctx) {
+          auto* f = static_cast<First*>(ctx);
+          if (f->seen) return;
+          f->seen = true;
+          f->w->SetBase(f->scale.ToNs(r.ts));
+        },
+        &first);
+    Status s = Named(trace.ReadAll(&pairer), in.trace_path);
+    if (s) s = Named(w.Finish(0), out_path);
+    if (s = out->Close(std::move(s)); !s) return Propagate(s);
+    return w.stats();
+  }
+
+  // The joint view: the trace's exits in the dump's ns on the dump's vCPU tracks.
+  w.SetJointView(&*view);
+  w.NameVm(o.vm, VmName(*dump));
+  JointKernelSink ksink(Clock::FromCalibration(dump->clock), *view, o.vm, &w);
+  sources::KvmPairer pairer({.devices = devices.get()}, &ksink);  // identity clock: ticks
+  Status s = Named(trace.ReadAll(&pairer), in.trace_path);
+  if (s) {
+    w.SetBase(std::min(FirstTime(*dump), ksink.first()));
+    sources::DumpSource src(*dump);
+    src.Emit(&w);
+    s = Named(w.Finish(dump->monotonic_ns), out_path);  // while src's names live
+  }
+  if (s = out->Close(std::move(s)); !s) return Propagate(s);
+  return w.stats();
 }
 
 }  // namespace exitscope::report

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "analysis/joint_view.h"
+#include "exitscope/dump.h"
 #include "exitscope/status.h"
 #include "sources/event.h"
 
@@ -176,6 +177,25 @@ class TimelineWriter : public EventSink {
   std::vector<Kept> kept_;
   std::string name_;  // scratch
 };
+
+// What `exitscope timeline` draws: a dump, a kernel trace, or both (the joint view).
+struct TimelineInputs {
+  const Dump* dump = nullptr;  // read from dump_path; null: none
+  std::string dump_path;
+  std::string trace_path;  // "": none; any format sources::KvmInput reads
+  // A trace alone: names ports and MMIO addresses by this device map (a dump or a text map,
+  // sources::KvmDeviceMap::Load); "": addresses only.
+  std::string device_map;
+};
+
+// Reads the inputs, then writes the timeline to `out_path` ("-": stdout), created only once
+// every input has been read. A dump alone: ts 0 is its first record, the VM its process. A
+// trace alone: ts 0 is its first record, times on its clock. Both: the joint view
+// (analysis::BuildJointViewFromTrace; its refusals are this function's), every time in the
+// dump's CLOCK_MONOTONIC ns, each kernel thread on the track of the dump vCPU it runs (a thread
+// that runs none on its own track, "thread <tid>"). Errors name the input or the output.
+Result<TimelineStats> WriteTimeline(const TimelineInputs& in, TimelineOptions options,
+                                    const std::string& out_path);
 
 // Appends `s` as a JSON string (quoted): escapes what JSON requires and replaces invalid
 // UTF-8 with U+FFFD, as the other JSON outputs do (nlohmann's error_handler_t::replace).

@@ -99,8 +99,8 @@ int TimelineMain(int argc, char** argv) {
   app.add_flag("--slow-only", slow_only,
                "only the exits at or above the dump's slow-exit threshold");
   app.add_option("--max-exits", max_exits,
-                 "at most this many exit slices per vCPU, the first in time order (0 = all); "
-                 "the file stays loadable in ui.perfetto.dev")
+                 "at most this many exit slices (0 = all): the first in time order, each vCPU "
+                 "of a dump its share; keeps the file loadable (docs/timeline.md)")
       ->check(kNonNegativeInteger)
       ->capture_default_str();
   std::string device_map;
@@ -129,7 +129,7 @@ int TimelineMain(int argc, char** argv) {
   opts.from_ns = static_cast<uint64_t>(std::llround(from_s * 1e9));
   if (to_s >= 0) opts.to_ns = static_cast<uint64_t>(std::llround(to_s * 1e9));
   opts.min_duration_ns = static_cast<uint64_t>(std::llround(min_us * 1e3));
-  opts.max_exits_per_vcpu = max_exits;
+  opts.max_exits = max_exits;
 
   Result<Dump> dump = Fail(ErrorCode::kNotFound, "no dump");
   if (!dump_path.empty()) {

@@ -237,11 +237,14 @@ bool TimelineWriter::Admit(uint32_t vm, uint32_t vcpu, uint64_t start, uint64_t 
     return false;
   }
   Track& t = TrackOf(vm, vcpu);
-  if (opts_.max_exits_per_vcpu != 0 && t.exits >= opts_.max_exits_per_vcpu) {
+  const auto q = quota_.find(vcpu);
+  if (q != quota_.end() ? t.exits >= q->second
+                        : opts_.max_exits != 0 && drawn_ >= opts_.max_exits) {
     ++stats_.capped;
     return false;
   }
   ++t.exits;
+  ++drawn_;
   return true;
 }
 
@@ -550,6 +553,19 @@ uint64_t FirstTime(const Dump& d) {
   return t == std::numeric_limits<uint64_t>::max() ? d.monotonic_ns : t;
 }
 
+// A dump's vCPUs arrive one after the other: each gets a share of max_exits in proportion to
+// its exits, so a cap never leaves the last vCPUs out.
+void SetQuotas(const Dump& d, uint64_t max_exits, TimelineWriter* w) {
+  uint64_t total = 0;
+  for (const DumpVcpu& v : d.vcpus) total += v.exits.size() + (v.in_progress ? 1 : 0);
+  if (max_exits == 0 || total <= max_exits) return;
+  for (const DumpVcpu& v : d.vcpus) {
+    const uint64_t n = v.exits.size() + (v.in_progress ? 1 : 0);
+    w->SetVcpuQuota(v.vcpu,
+                    static_cast<uint64_t>(static_cast<unsigned __int128>(max_exits) * n / total));
+  }
+}
+
 std::string VmName(const Dump& d) {
   return fmt::format("{} (pid {})", d.process.comm.empty() ? "VMM" : d.process.comm, d.process.pid);
 }
@@ -642,6 +658,7 @@ Result<TimelineStats> WriteTimeline(const TimelineInputs& in, TimelineOptions o,
     TimelineWriter w(out->f, o);
     w.SetBase(FirstTime(*dump));
     w.NameVm(o.vm, VmName(*dump));
+    SetQuotas(*dump, o.max_exits, &w);
     sources::DumpSource src(*dump);
     src.Emit(&w);
     if (Status s = out->Close(Named(w.Finish(dump->monotonic_ns), out_path)); !s) {
@@ -699,6 +716,7 @@ Result<TimelineStats> WriteTimeline(const TimelineInputs& in, TimelineOptions o,
   // The joint view: the trace's exits in the dump's ns on the dump's vCPU tracks.
   w.SetJointView(&*view);
   w.NameVm(o.vm, VmName(*dump));
+  SetQuotas(*dump, o.max_exits, &w);
   JointKernelSink ksink(Clock::FromCalibration(dump->clock), *view, o.vm, &w);
   sources::KvmPairer pairer({.devices = devices.get()}, &ksink);  // identity clock: ticks
   Status s = Named(trace.ReadAll(&pairer), in.trace_path);

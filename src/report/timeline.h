@@ -61,8 +61,10 @@ struct TimelineOptions {
   uint64_t to_ns = std::numeric_limits<uint64_t>::max();
   // Only exits at least this long (the kernel's duration for a joint exit).
   uint64_t min_duration_ns = 0;
-  // At most this many exit slices per vCPU track (0 = all): the first ones, in time order.
-  uint64_t max_exits_per_vcpu = 0;
+  // At most this many exit slices in the file (0 = all). A trace's exits arrive in time order:
+  // the first max_exits are kept. A dump's vCPUs come one after the other, so WriteTimeline
+  // gives each vCPU a share in proportion to its exits (SetVcpuQuota): the first of each.
+  uint64_t max_exits = 0;
   // Written into "otherData" (source file names, clock, ...).
   std::vector<std::pair<std::string, std::string>> other_data;
 };
@@ -73,7 +75,7 @@ struct TimelineStats {
   uint64_t joint_exits = 0;   // exits drawn split (kernel before / handler / kernel after)
   uint64_t off_cpu_spans = 0;
   uint64_t left_out = 0;   // exits outside the window or shorter than min_duration_ns
-  uint64_t capped = 0;     // exits left out by max_exits_per_vcpu
+  uint64_t capped = 0;     // exits left out by max_exits
   uint64_t not_drawn = 0;  // kernel exits with no known duration (open at end, not traced)
   uint64_t clamped = 0;    // slices clamped to not overlap the previous one on their track
   uint64_t io_slices = 0;
@@ -92,6 +94,8 @@ class TimelineWriter : public EventSink {
 
   // Sets base_ns; only before the first event is written.
   void SetBase(uint64_t base_ns) noexcept { opts_.base_ns = base_ns; }
+  // At most `n` exit slices on vCPU `vcpu`'s tracks (replaces max_exits for it).
+  void SetVcpuQuota(uint32_t vcpu, uint64_t n) { quota_[vcpu] = n; }
   // Names VM `vm`'s process ("exitscope (pid 1234)"); without it: "pid <vm>".
   void NameVm(uint32_t vm, std::string_view name);
   // Names a track other than "vCPU <tid>" (e.g. a kernel thread that runs no vCPU of a dump).
@@ -175,7 +179,9 @@ class TimelineWriter : public EventSink {
   std::map<std::pair<uint32_t, uint64_t>, const analysis::JointExit*> by_handler_;
   std::set<std::pair<uint32_t, uint64_t>> matched_kernel_;
   std::vector<Kept> kept_;
-  std::string name_;  // scratch
+  std::map<uint32_t, uint64_t> quota_;
+  uint64_t drawn_ = 0;  // exit slices admitted
+  std::string name_;    // scratch
 };
 
 // What `exitscope timeline` draws: a dump, a kernel trace, or both (the joint view).

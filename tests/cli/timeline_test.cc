@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 
@@ -117,7 +118,18 @@ TEST(TimelineCli, BadInputIsOneLineAndExitTwo) {
     std::ofstream f(junk);
     f << "EXSCDUMP but not a dump";
   }
+  // The real joint-blk trace cut short: inside its event formats, and inside a CPU's data.
+  const std::string cut_formats = Out("cut-formats"), cut_data = Out("cut-data");
+  {
+    std::ifstream f(Data("joint-blk.dat"), std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::ofstream(cut_formats, std::ios::binary) << bytes.substr(0, 5000);
+    std::ofstream(cut_data, std::ios::binary) << bytes.substr(0, bytes.size() / 3);
+  }
   const std::string cases[] = {
+      "timeline " + cut_formats + " -o " + o,
+      "timeline " + cut_data + " -o " + o,
+      "timeline " + cut_data + " " + Data("joint-blk.esdump") + " -o " + o,
       "timeline /nonexistent.esdump -o " + o,
       "timeline " + Data("README.md") + " -o " + o,
       "timeline " + junk + " -o " + o,
@@ -137,6 +149,8 @@ TEST(TimelineCli, BadInputIsOneLineAndExitTwo) {
     EXPECT_FALSE(std::filesystem::exists(o)) << c;
   }
   std::remove(junk.c_str());
+  std::remove(cut_formats.c_str());
+  std::remove(cut_data.c_str());
   const Output r = RunExitscope("timeline " + Data("joint-blk.esdump") + " -o /nonexistent/x.json");
   EXPECT_EQ(r.status, 1) << r.out;
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;

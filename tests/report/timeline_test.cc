@@ -71,15 +71,17 @@ std::map<std::pair<int64_t, int64_t>, std::vector<Slice>> SlicesByTrack(const js
     const int64_t s = Ns(e["ts"]);
     tracks[{e["pid"].get<int64_t>(), e["tid"].get<int64_t>()}].push_back({s, s + Ns(e["dur"]), &e});
   }
+  // Sorted by ts alone, ties in file order: what Perfetto's JSON importer does (a parent must
+  // come before a child that starts with it: google/perfetto#878).
   for (auto& [k, v] : tracks) {
-    std::stable_sort(v.begin(), v.end(), [](const Slice& a, const Slice& b) {
-      return a.start != b.start ? a.start < b.start : a.end > b.end;
-    });
+    std::stable_sort(v.begin(), v.end(),
+                     [](const Slice& a, const Slice& b) { return a.start < b.start; });
   }
   return tracks;
 }
 
-// Slices on one track either nest or are disjoint: never two overlapping siblings.
+// Slices on one track either nest or are disjoint: never two overlapping siblings, and a
+// slice starting with its parent comes after it in the file.
 void ExpectProperlyNested(const json& doc) {
   for (const auto& [track, slices] : SlicesByTrack(doc)) {
     std::vector<int64_t> open;  // ends of the enclosing slices

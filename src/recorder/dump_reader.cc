@@ -14,6 +14,7 @@
 
 #include "exitscope/dump.h"
 #include "recorder/dump_format.h"
+#include "recorder/file_read.h"
 #include "recorder/text.h"
 
 namespace exitscope {
@@ -658,54 +659,10 @@ Result<Dump> ParseDump(std::string_view bytes, std::string_view origin) {
 }
 
 Result<Dump> ReadDump(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) {
-    const int err = errno;  // a file that is not there is bad input (exit status 2), not I/O
-    return Fail(err == ENOENT || err == ENOTDIR ? ErrorCode::kNotFound : ErrorCode::kIo,
-                path + ": cannot open: " + std::strerror(err));
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    const int err = errno;
-    close(fd);
-    return Fail(ErrorCode::kIo, path + ": cannot stat: " + std::strerror(err));
-  }
   // Size checks come before any read: a device (/dev/zero), FIFO or directory has no size to
   // trust, and a regular file larger than any dump is refused without reading it.
-  if (!S_ISREG(st.st_mode)) {
-    close(fd);
-    return Fail(ErrorCode::kCorrupt,
-                path + ": not a regular file (" +
-                    (S_ISDIR(st.st_mode)    ? "a directory"
-                     : S_ISCHR(st.st_mode)  ? "a character device"
-                     : S_ISBLK(st.st_mode)  ? "a block device"
-                     : S_ISFIFO(st.st_mode) ? "a FIFO or pipe"
-                                            : "a socket or other special file") +
-                    "); dumps are read from regular files only");
-  }
-  const auto size = static_cast<uint64_t>(st.st_size);
-  if (size > kMaxDumpFileBytes) {
-    close(fd);
-    return Fail(ErrorCode::kCorrupt, path + ": " + std::to_string(size) +
-                                         " bytes is larger than any dump (limit " +
-                                         std::to_string(kMaxDumpFileBytes) + ")");
-  }
-  std::string bytes;
-  bytes.resize(static_cast<size_t>(size));
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = read(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      close(fd);
-      return Fail(ErrorCode::kIo, path + ": read failed: " + std::strerror(err));
-    }
-    if (n == 0) break;  // shrank while reading: parse what is there (reported as truncated)
-    done += static_cast<size_t>(n);
-  }
-  close(fd);
-  bytes.resize(done);
-  return ParseDump(bytes, path);
+  auto bytes = internal::ReadBoundedFile(path, kMaxDumpFileBytes, "dump", ErrorCode::kCorrupt);
+  if (!bytes) return Propagate(bytes);
+  return ParseDump(*bytes, path);
 }
 }  // namespace exitscope

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "recorder/builtin_maps.h"
+#include "recorder/file_read.h"
 #include "recorder/text.h"
 
 namespace exitscope {
@@ -334,51 +335,11 @@ Result<RegisterMap> RegisterMap::Parse(std::string_view text, std::string_view o
 }
 
 Result<RegisterMap> RegisterMap::Load(const std::string& path) {
-  constexpr uint64_t kMaxBytes = 16u << 20;
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) {
-    const int err = errno;  // a file that is not there is bad input (exit status 2), not I/O
-    return Fail(err == ENOENT || err == ENOTDIR ? ErrorCode::kNotFound : ErrorCode::kIo,
-                path + ": cannot open: " + std::strerror(err));
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    const int err = errno;
-    close(fd);
-    return Fail(ErrorCode::kIo, path + ": cannot stat: " + std::strerror(err));
-  }
-  // The limit is checked before reading, and again while reading (the file may grow).
-  if (!S_ISREG(st.st_mode)) {
-    close(fd);
-    return Fail(ErrorCode::kInvalidArgument,
-                path + ": not a regular file; register maps are read from regular files only");
-  }
-  if (static_cast<uint64_t>(st.st_size) > kMaxBytes) {
-    close(fd);
-    return Fail(ErrorCode::kInvalidArgument, path + ": " + std::to_string(st.st_size) +
-                                                 " bytes is too large for a register map "
-                                                 "(limit 16 MiB)");
-  }
-  std::string text;
-  char buf[65536];
-  for (;;) {
-    const ssize_t n = read(fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      close(fd);
-      return Fail(ErrorCode::kIo, path + ": read error: " + std::strerror(err));
-    }
-    if (n == 0) break;
-    if (text.size() + static_cast<size_t>(n) > kMaxBytes) {
-      close(fd);
-      return Fail(ErrorCode::kInvalidArgument,
-                  path + ": grew past 16 MiB while being read; too large for a register map");
-    }
-    text.append(buf, static_cast<size_t>(n));
-  }
-  close(fd);
-  return Parse(text, path);
+  constexpr uint64_t kMaxBytes = 16u << 20;  // checked before reading, and while reading
+  auto text =
+      internal::ReadBoundedFile(path, kMaxBytes, "register map", ErrorCode::kInvalidArgument);
+  if (!text) return Propagate(text);
+  return Parse(*text, path);
 }
 
 std::vector<std::string> RegisterMap::BuiltinNames() {

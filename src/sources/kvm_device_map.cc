@@ -13,6 +13,7 @@
 
 #include "exitscope/dump.h"
 #include "exitscope/register_map.h"
+#include "recorder/file_read.h"
 #include "sources/qemu_mtree.h"
 
 namespace exitscope::sources {
@@ -40,56 +41,6 @@ std::vector<std::string_view> Words(std::string_view line) {
     i = j;
   }
   return w;
-}
-
-// Opens `path` for reading and checks, before reading anything, that it is a regular file
-// of at most kMaxDeviceMapBytes (a directory, a device node or a FIFO is refused by name).
-Result<int> OpenMapFile(const std::string& path, struct stat* st) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) {
-    const int e = errno;
-    return Fail(e == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo,
-                fmt::format("{}: cannot open device map: {}", path, std::strerror(e)));
-  }
-  if (::fstat(fd, st) != 0) {
-    const int e = errno;
-    ::close(fd);
-    return Fail(ErrorCode::kIo,
-                fmt::format("{}: cannot stat device map: {}", path, std::strerror(e)));
-  }
-  if (!S_ISREG(st->st_mode)) {
-    ::close(fd);
-    return Fail(ErrorCode::kInvalidArgument,
-                fmt::format("{}: {}, not a device-map file", path,
-                            S_ISDIR(st->st_mode) ? "is a directory" : "is not a regular file"));
-  }
-  if (static_cast<uint64_t>(st->st_size) > KvmDeviceMap::kMaxDeviceMapBytes) {
-    ::close(fd);
-    return Fail(ErrorCode::kInvalidArgument,
-                fmt::format("{}: {} bytes: a device map is at most {} bytes", path,
-                            static_cast<uint64_t>(st->st_size), KvmDeviceMap::kMaxDeviceMapBytes));
-  }
-  return fd;
-}
-
-// Reads at most `limit` bytes from `fd` (the file may have grown since fstat: never more).
-Result<std::string> ReadBounded(int fd, const std::string& path, size_t limit) {
-  std::string out;
-  char buf[65536];
-  while (true) {
-    const ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Fail(ErrorCode::kIo, fmt::format("{}: read: {}", path, std::strerror(errno)));
-    }
-    if (n == 0) break;
-    if (out.size() + static_cast<size_t>(n) > limit) {
-      return Fail(ErrorCode::kInvalidArgument,
-                  fmt::format("{}: more than {} bytes: a device map is at most that", path, limit));
-    }
-    out.append(buf, static_cast<size_t>(n));
-  }
-  return out;
 }
 
 }  // namespace
@@ -165,11 +116,8 @@ Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::Parse(std::string_view text,
 }
 
 Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::LoadText(const std::string& path) {
-  struct stat st {};
-  auto fd = OpenMapFile(path, &st);
-  if (!fd) return Propagate(fd);
-  auto text = ReadBounded(*fd, path, kMaxDeviceMapBytes);
-  ::close(*fd);
+  auto text = internal::ReadBoundedFile(path, kMaxDeviceMapBytes, "device map",
+                                        ErrorCode::kInvalidArgument);
   if (!text) return Propagate(text);
   const size_t slash = path.rfind('/');
   return Parse(*text, path, slash == std::string::npos ? "." : path.substr(0, slash));
@@ -200,17 +148,18 @@ Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::LoadDump(const std::string& 
 }
 
 Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::Load(const std::string& path) {
-  struct stat st {};
-  auto fd = OpenMapFile(path, &st);
-  if (!fd) return Propagate(fd);
-  char head[8] = {};
-  const ssize_t got = ::pread(*fd, head, sizeof(head), 0);
-  ::close(*fd);
-  if (got < 0) return Fail(ErrorCode::kIo, fmt::format("{}: read: {}", path, std::strerror(errno)));
-  const std::string_view h(head, static_cast<size_t>(got));
-  // A recorder dump starts with its magic ("EXSCDUMP"); anything else is a text map.
-  const bool text = h != std::string_view(kDumpMagic, sizeof(kDumpMagic));
-  return text ? LoadText(path) : LoadDump(path);
+  // A recorder dump starts with its magic ("EXSCDUMP"); anything else is a text map. Both
+  // loaders check the file (regular, size limit) before they read it; this only peeks.
+  char head[sizeof(kDumpMagic)] = {};
+  ssize_t got = -1;
+  if (const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK); fd >= 0) {
+    struct stat st {};
+    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) got = ::pread(fd, head, sizeof(head), 0);
+    ::close(fd);
+  }
+  const bool dump =
+      got == static_cast<ssize_t>(sizeof(head)) && std::memcmp(head, kDumpMagic, sizeof(head)) == 0;
+  return dump ? LoadDump(path) : LoadText(path);
 }
 
 std::string KvmDeviceMap::ExtraRegisterName(IoSpace space, uint64_t addr, uint32_t size,

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "support/run.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -21,50 +23,13 @@ const std::string kBin = std::string(EXITSCOPE_BINARY_DIR) + "/exitscope";
 const std::string kDat = std::string(EXITSCOPE_TESTDATA_DIR) + "/kvm/pvm-user64-pio-mmio-hlt.dat";
 const std::string kDump = std::string(EXITSCOPE_TESTDATA_DIR) + "/dumps/c-example.esdump";
 
-struct Ran {
-  int status = -1;  // exit status, or -signal
-  std::string out, err;
-};
-
-std::string Drain(int fd) {
-  std::string s;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::read(fd, buf, sizeof buf)) > 0) s.append(buf, static_cast<size_t>(n));
-  ::close(fd);
-  return s;
-}
+using exitscope::test::Ran;
 
 // Runs build/exitscope with `args` (no shell), stdin from /dev/null.
 Ran RunCli(const std::vector<std::string>& args) {
-  int out[2], err[2];
-  EXPECT_EQ(::pipe(out), 0);
-  EXPECT_EQ(::pipe(err), 0);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    const int null = ::open("/dev/null", O_RDONLY);
-    ::dup2(null, 0);
-    ::dup2(out[1], 1);
-    ::dup2(err[1], 2);
-    ::close(out[0]);
-    ::close(err[0]);
-    std::vector<char*> argv;
-    argv.push_back(const_cast<char*>(kBin.c_str()));
-    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    ::execv(kBin.c_str(), argv.data());
-    ::_exit(127);
-  }
-  ::close(out[1]);
-  ::close(err[1]);
-  Ran r;
-  // stderr is small in every case here; read stdout first, then stderr.
-  r.out = Drain(out[0]);
-  r.err = Drain(err[0]);
-  int st = 0;
-  ::waitpid(pid, &st, 0);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
-  return r;
+  std::vector<std::string> argv{kBin};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return exitscope::test::Run(argv);
 }
 
 size_t Lines(const std::string& s) {

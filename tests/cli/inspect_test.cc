@@ -18,24 +18,12 @@
 #include <nlohmann/json.hpp>
 
 #include "exitscope/recorder.h"
+#include "support/run.h"
 
 namespace {
 
-struct Output {
-  int status;
-  std::string out;
-};
-
-Output RunExitscope(const std::string& args) {
-  const std::string cmd = std::string(EXITSCOPE_BINARY_DIR) + "/exitscope " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
+using Output = exitscope::test::Ran;
+using exitscope::test::RunExitscope;
 
 class InspectTest : public testing::Test {
  protected:
@@ -194,7 +182,7 @@ namespace {
 // it allocate without bound fails the test (bad_alloc, a signal) instead of swapping.
 Output RunCapped(const std::vector<std::string>& args, rlim_t cap_bytes) {
   int fds[2];
-  if (pipe(fds) != 0) return {-1, "pipe failed"};
+  if (pipe(fds) != 0) return {-1, "pipe failed", {}};
   const pid_t pid = fork();
   if (pid == 0) {
 #if !defined(__SANITIZE_ADDRESS__)  // ASan's shadow memory cannot live under a cap (make asan)
@@ -223,7 +211,7 @@ Output RunCapped(const std::vector<std::string>& args, rlim_t cap_bytes) {
   int st = 0;
   waitpid(pid, &st, 0);
   if (WIFSIGNALED(st)) out += "\n[killed by signal " + std::to_string(WTERMSIG(st)) + "]";
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out, {}};
 }
 
 constexpr rlim_t kCap = 1ull << 30;  // 1 GiB of address space: far above any dump here

@@ -1,36 +1,26 @@
 // `exitscope kvm report` end to end: the binary on the real capture, exit codes and one-line
 // errors for bad input and bad usage. Skips (with the reason) when the binary is not built.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
+
+#include "support/run.h"
 
 namespace {
 
 const std::string kBin = std::string(EXITSCOPE_BINARY_DIR) + "/exitscope";
 const std::string kDat = std::string(EXITSCOPE_TESTDATA_DIR) + "/kvm/pvm-user64-pio-mmio-hlt.dat";
 
-struct CmdResult {
-  int status = -1;
-  std::string out;
-};
+using CmdResult = exitscope::test::Ran;
 
+// `exitscope ARGS`, stdout and stderr together.
 CmdResult Exec(const std::string& args) {
-  CmdResult r;
-  FILE* p = popen((kBin + " " + args + " 2>&1").c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
+  return exitscope::test::RunExitscope(args);
 }
 
 class KvmCli : public ::testing::Test {

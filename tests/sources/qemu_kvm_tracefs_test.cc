@@ -36,6 +36,8 @@
 #include "gtest/gtest.h"
 #include "sources/qemu_qmp.h"
 #include "sources/tracefs_session.h"
+#include "support/run.h"
+#include "support/tracefs.h"
 
 namespace exitscope::sources {
 namespace {
@@ -80,17 +82,9 @@ const std::vector<uint8_t> kGuestCode = {
 // At image offset 0xfff0 (the reset vector): jmp near 0x0000 (0x0000 - 0xfff3 = 0x000d).
 const std::vector<uint8_t> kResetVector = {0xe9, 0x0d, 0x00};
 
-struct Ran {
-  int status = -1;  // exit code, or 128 + signal
-  std::string out, err;
-};
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using test::Instances;
+using test::Ran;
+using test::ReadFile;
 
 pid_t Spawn(const std::vector<std::string>& argv, const std::string& out, const std::string& err) {
   const pid_t pid = ::fork();
@@ -133,16 +127,6 @@ std::string FindInPath(const std::string& name) {
     if (::access(p.c_str(), X_OK) == 0) return p;
   }
   return {};
-}
-
-std::vector<std::string> Instances(const std::string& tracefs) {
-  std::vector<std::string> out;
-  if (DIR* d = ::opendir((tracefs + "/instances").c_str())) {
-    while (dirent* e = ::readdir(d)) out.emplace_back(e->d_name);
-    ::closedir(d);
-  }
-  std::sort(out.begin(), out.end());
-  return out;
 }
 
 // QEMU's trace, per "0x<port>:POUT|PIN": the region name and how many accesses it logged.

@@ -23,61 +23,21 @@
 
 #include "gtest/gtest.h"
 #include "sources/tracefs_session.h"
+#include "support/run.h"
+#include "support/tracefs.h"
 
 namespace exitscope::sources {
 namespace {
 
 const std::string kBin = std::string(EXITSCOPE_BINARY_DIR) + "/exitscope";
 
-struct Ran {
-  int status = -1;  // exit code, or 128 + signal
-  std::string out, err;
-};
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using test::Instances;
+using test::Ran;
+using test::ReadFile;
 
 // Runs argv with stdout/stderr captured; `on_start` (if any) gets the pid while it runs.
 Ran RunCmd(const std::vector<std::string>& argv, const std::function<void(pid_t)>& on_start = {}) {
-  char out_tmpl[] = "/tmp/exitscope-cli-out-XXXXXX";
-  char err_tmpl[] = "/tmp/exitscope-cli-err-XXXXXX";
-  const int out = ::mkstemp(out_tmpl), err = ::mkstemp(err_tmpl);
-  Ran r;
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::dup2(out, 1);
-    ::dup2(err, 2);
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    ::execv(args[0], args.data());
-    ::_exit(127);
-  }
-  if (on_start) on_start(pid);
-  int st = 0;
-  ::waitpid(pid, &st, 0);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  r.out = ReadFile(out_tmpl);
-  r.err = ReadFile(err_tmpl);
-  ::close(out);
-  ::close(err);
-  ::unlink(out_tmpl);
-  ::unlink(err_tmpl);
-  return r;
-}
-
-std::vector<std::string> Instances(const std::string& tracefs) {
-  std::vector<std::string> out;
-  if (DIR* d = ::opendir((tracefs + "/instances").c_str())) {
-    while (dirent* e = ::readdir(d)) out.emplace_back(e->d_name);
-    ::closedir(d);
-  }
-  std::sort(out.begin(), out.end());
-  return out;
+  return test::Run(argv, on_start);
 }
 
 size_t Count(const std::string& text, const std::string& needle) {

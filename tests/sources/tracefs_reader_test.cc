@@ -22,6 +22,7 @@
 #include "sources/tracefs_dat.h"
 #include "sources/tracefs_reader.h"
 #include "sources/tracefs_session.h"
+#include "support/tracefs.h"
 
 extern "C" {
 #include <event-parse.h>
@@ -37,21 +38,6 @@ int tracecmd_iterate_events(struct tracecmd_input* handle, cpu_set_t* cpus, int 
 
 namespace exitscope::sources {
 namespace {
-
-std::string RealTracefs(std::string* why) {
-  ::unsetenv("EXITSCOPE_TRACEFS");
-  auto dir = FindTracefs();
-  if (!dir) {
-    *why = dir.error().message;
-    return "";
-  }
-  return *dir;
-}
-
-#define REQUIRE_TRACEFS(dir)                         \
-  std::string skip_reason;                           \
-  const std::string dir = RealTracefs(&skip_reason); \
-  if (dir.empty()) GTEST_SKIP() << "tracefs not usable: " << skip_reason
 
 uint64_t Tsc() {
   _mm_lfence();

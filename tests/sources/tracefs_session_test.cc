@@ -20,6 +20,7 @@
 
 #include "gtest/gtest.h"
 #include "sources/tracefs_session.h"
+#include "support/tracefs.h"
 
 namespace exitscope::sources {
 namespace {
@@ -29,15 +30,7 @@ std::string Slurp(const std::string& path) {
   return r ? *r : "<unreadable: " + r.error().message + ">";
 }
 
-std::vector<std::string> Instances(const std::string& tracefs) {
-  std::vector<std::string> out;
-  if (DIR* d = ::opendir((tracefs + "/instances").c_str())) {
-    while (dirent* e = ::readdir(d)) out.emplace_back(e->d_name);
-    ::closedir(d);
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
+using test::Instances;
 
 bool DirExists(const std::string& p) {
   struct stat st;
@@ -45,20 +38,6 @@ bool DirExists(const std::string& p) {
 }
 
 // The real tracefs, or a reason to skip.
-std::string RealTracefs(std::string* why) {
-  ::unsetenv("EXITSCOPE_TRACEFS");
-  auto dir = FindTracefs();
-  if (!dir) {
-    *why = dir.error().message;
-    return "";
-  }
-  return *dir;
-}
-
-#define REQUIRE_TRACEFS(dir)                         \
-  std::string skip_reason;                           \
-  const std::string dir = RealTracefs(&skip_reason); \
-  if (dir.empty()) GTEST_SKIP() << "tracefs not usable: " << skip_reason
 
 // A scratch instance with non-default settings, removed when the test ends.
 class ScratchInstance {

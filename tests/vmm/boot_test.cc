@@ -17,17 +17,11 @@
 
 #include "exitscope/dump.h"
 #include "guests/abi.h"
+#include "support/run.h"
 #include "vmm/vmm.h"
 
 namespace exitscope::vmm {
 namespace {
-
-#define SKIP_WITHOUT_KVM()                                                              \
-  do {                                                                                  \
-    const int kvm_fd = open("/dev/kvm", O_RDWR | O_CLOEXEC);                            \
-    if (kvm_fd < 0) GTEST_SKIP() << "/dev/kvm not available: " << std::strerror(errno); \
-    close(kvm_fd);                                                                      \
-  } while (0)
 
 class Boot : public ::testing::Test {
  protected:
@@ -206,25 +200,8 @@ TEST_F(Boot, Sigusr1WritesAReadableDumpWhileTheGuestKeepsRunning) {
   EXPECT_FALSE(r->fatal);
 }
 
-TEST_F(Boot, InjectedBackendErrorReachesTheGuestAndTheRecorder) {
-  SKIP_WITHOUT_KVM();
-  VmmConfig c = Config("blk");
-  c.injects.push_back(*ParseInjectSpec("backend-error:nvme0:5"));
-  auto vmm = Vmm::Create(c);
-  ASSERT_TRUE(vmm) << vmm.error().message;
-  auto r = (*vmm)->Run();
-  ASSERT_TRUE(r) << r.error().message;
-  EXPECT_FALSE(r->passed);
-  bool guest_saw_error = false;
-  for (const VcpuReport& v : r->vcpus)
-    guest_saw_error |= v.outcome.state == VcpuState::kFinished && v.outcome.code == ES_FAIL_NVME_IO;
-  EXPECT_TRUE(guest_saw_error);
-  EXPECT_GT(r->block.errors, 0u);
-  bool recorded = false;
-  for (const DumpDeviceEvent& e : (*vmm)->recorder()->Snapshot().device_events)
-    recorded |= e.type == DeviceEventType::kBackendError;
-  EXPECT_TRUE(recorded);
-}
+// Backend errors: FaultMatrix.BackendIoErrorsReachTheGuestAndEveryIoIsAccountedFor
+// (fault_matrix_test.cc) checks the guest, the block counters and the recorder's events.
 
 // Kernels without KVM_GET_STATS_FD (before 5.14) have no binary stats: the only reason a
 // run on /dev/kvm may come back without them. A stats file that does not parse fails.

@@ -38,6 +38,7 @@
 #include "exitscope/dump.h"
 #include "exitscope/recorder.h"
 #include "guests/abi.h"
+#include "support/run.h"
 #include "vmm/vmm.h"
 
 namespace exitscope::vmm {
@@ -45,13 +46,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
-
-#define SKIP_WITHOUT_KVM()                                                              \
-  do {                                                                                  \
-    const int kvm_fd = open("/dev/kvm", O_RDWR | O_CLOEXEC);                            \
-    if (kvm_fd < 0) GTEST_SKIP() << "/dev/kvm not available: " << std::strerror(errno); \
-    close(kvm_fd);                                                                      \
-  } while (0)
 
 // A user64 guest that reads and writes back every byte of [0xfe000000, 0xfe000000 + rdx)
 // (ES_UNASSIGNED_MMIO: no memory slot, no device), then reports pass on the debug port:
@@ -584,19 +578,11 @@ TEST_F(FaultMatrix, RunWithAnUnwritableDumpPathExitsNonZeroNamingIt) {
   const fs::path ro = dir / "ro";
   if (!MountTmpfs(ro, 64 << 10, "ro", &why)) GTEST_SKIP() << why;
   const std::string path = (ro / "x.esdump").string();
-  const std::string binary = std::string(EXITSCOPE_BINARY_DIR) + "/exitscope";
-  ASSERT_TRUE(fs::exists(binary)) << binary << " not built";
-  const std::string cmd = std::string(EXITSCOPE_BINARY_DIR) +
-                          "/exitscope run --guest hello --vcpus 1 --dump " + path + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int st = pclose(p);
-  ASSERT_TRUE(WIFEXITED(st)) << out;
-  EXPECT_NE(WEXITSTATUS(st), 0) << out;
+  ASSERT_TRUE(fs::exists(test::ExitscopeBinary())) << test::ExitscopeBinary() << " not built";
+  const test::Ran r = test::RunExitscope("run --guest hello --vcpus 1 --dump " + path);
+  const std::string& out = r.out;
+  ASSERT_LT(r.status, 128) << out;
+  EXPECT_NE(r.status, 0) << out;
   EXPECT_NE(out.find(path), std::string::npos) << out;
   EXPECT_NE(out.find("Read-only file system"), std::string::npos) << out;
   EXPECT_TRUE(FilesIn(ro).empty());

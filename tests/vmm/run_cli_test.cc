@@ -1,32 +1,17 @@
 // `exitscope run` as a user runs it: usage errors, --list-guests, and the one-line answer
 // without /dev/kvm.
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <cstdio>
 #include <regex>
 #include <string>
 
+#include "support/run.h"
+
 namespace {
 
-struct Out {
-  int status = -1;
-  std::string text;
-};
-
-Out RunCmd(const std::string& args) {
-  const std::string cmd = std::string(EXITSCOPE_BINARY_DIR) + "/exitscope run " + args + " 2>&1";
-  Out o;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return o;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) o.text.append(buf, n);
-  const int st = pclose(p);
-  o.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return o;
+// `exitscope run ARGS`, stdout and stderr together.
+exitscope::test::Ran RunCmd(const std::string& args) {
+  return exitscope::test::RunExitscope("run " + args);
 }
 
 int Lines(const std::string& s) {
@@ -36,11 +21,11 @@ int Lines(const std::string& s) {
 }
 
 TEST(RunCli, ListGuestsNamesTheShippedGuests) {
-  Out o = RunCmd("--list-guests");
-  EXPECT_EQ(o.status, 0) << o.text;
+  exitscope::test::Ran o = RunCmd("--list-guests");
+  EXPECT_EQ(o.status, 0) << o.out;
   for (const char* g : {"hello", "blk", "mmio-storm", "idle"})
-    EXPECT_NE(o.text.find(g), std::string::npos) << g;
-  EXPECT_EQ(o.text.find("(image not built)"), std::string::npos) << o.text;
+    EXPECT_NE(o.out.find(g), std::string::npos) << g;
+  EXPECT_EQ(o.out.find("(image not built)"), std::string::npos) << o.out;
 }
 
 TEST(RunCli, UsageErrorsExit2WithOneLineNamingTheFlag) {
@@ -58,25 +43,22 @@ TEST(RunCli, UsageErrorsExit2WithOneLineNamingTheFlag) {
       {"--no-such-flag", "no-such-flag"},
   };
   for (const Case& c : cases) {
-    Out o = RunCmd(c.args);
-    EXPECT_EQ(o.status, 2) << c.args << ": " << o.text;
-    EXPECT_EQ(Lines(o.text), 1) << c.args << ": " << o.text;
-    EXPECT_NE(o.text.find(c.needle), std::string::npos) << c.args << ": " << o.text;
-    EXPECT_EQ(o.text.rfind("exitscope run: ", 0), 0u) << o.text;
+    exitscope::test::Ran o = RunCmd(c.args);
+    EXPECT_EQ(o.status, 2) << c.args << ": " << o.out;
+    EXPECT_EQ(Lines(o.out), 1) << c.args << ": " << o.out;
+    EXPECT_NE(o.out.find(c.needle), std::string::npos) << c.args << ": " << o.out;
+    EXPECT_EQ(o.out.rfind("exitscope run: ", 0), 0u) << o.out;
   }
 }
 
 TEST(RunCli, WithoutKvmSaysSoInOneLineAndExits1) {
-  const int fd = open("/dev/kvm", O_RDWR | O_CLOEXEC);
-  if (fd >= 0) {
-    close(fd);
+  if (exitscope::test::KvmUnavailable().empty())
     GTEST_SKIP() << "/dev/kvm is available here; this test covers hosts without it";
-  }
-  Out o = RunCmd("--guest blk");
-  EXPECT_EQ(o.status, 1) << o.text;
-  EXPECT_EQ(Lines(o.text), 1) << o.text;
-  EXPECT_EQ(o.text.rfind("exitscope run: /dev/kvm not available (", 0), 0u) << o.text;
-  EXPECT_NE(o.text.find("): this command needs KVM"), std::string::npos) << o.text;
+  exitscope::test::Ran o = RunCmd("--guest blk");
+  EXPECT_EQ(o.status, 1) << o.out;
+  EXPECT_EQ(Lines(o.out), 1) << o.out;
+  EXPECT_EQ(o.out.rfind("exitscope run: /dev/kvm not available (", 0), 0u) << o.out;
+  EXPECT_NE(o.out.find("): this command needs KVM"), std::string::npos) << o.out;
 }
 
 // The printed run report shows the kernel's own exit counters under each vCPU, and they are
@@ -85,18 +67,16 @@ TEST(RunCli, WithoutKvmSaysSoInOneLineAndExits1) {
 // On kvm-pvm 6.18 the stats did not parse and the report said "in-kernel exit counters
 // unavailable".
 TEST(RunCli, OnKvmTheReportShowsEachVcpusInKernelCounters) {
-  const int fd = open("/dev/kvm", O_RDWR | O_CLOEXEC);
-  if (fd < 0) GTEST_SKIP() << "/dev/kvm not available";
-  close(fd);
-  Out o = RunCmd("--guest blk --vcpus 2 --no-dump --format json");
-  ASSERT_EQ(o.status, 0) << o.text;
-  EXPECT_EQ(o.text.find("in-kernel exit counters unavailable"), std::string::npos) << o.text;
+  SKIP_WITHOUT_KVM();
+  exitscope::test::Ran o = RunCmd("--guest blk --vcpus 2 --no-dump --format json");
+  ASSERT_EQ(o.status, 0) << o.out;
+  EXPECT_EQ(o.out.find("in-kernel exit counters unavailable"), std::string::npos) << o.out;
   const std::regex row(
       "  vCPU (\\d+): [^\\n]*; exits: (\\d+) \\(io (\\d+), mmio (\\d+), hlt (\\d+), intr "
       "(\\d+)\\)\\n    in the kernel \\(KVM stats\\):\\n      exits (\\d+), halt_exits (\\d+), "
       "irq_exits (\\d+), insn_emulation (\\d+), mmio_exits (\\d+), io_exits (\\d+),");
   int rows = 0;
-  for (std::sregex_iterator it(o.text.begin(), o.text.end(), row), end; it != end; ++it) {
+  for (std::sregex_iterator it(o.out.begin(), o.out.end(), row), end; it != end; ++it) {
     const std::smatch& m = *it;
     SCOPED_TRACE("vCPU " + m[1].str());
     EXPECT_EQ(std::stoul(m[1]), static_cast<unsigned long>(rows));
@@ -105,7 +85,7 @@ TEST(RunCli, OnKvmTheReportShowsEachVcpusInKernelCounters) {
     EXPECT_EQ(std::stoul(m[8]), std::stoul(m[5]));   // halt_exits == the VMM's hlt
     ++rows;
   }
-  EXPECT_EQ(rows, 2) << o.text;
+  EXPECT_EQ(rows, 2) << o.out;
 }
 
 }  // namespace

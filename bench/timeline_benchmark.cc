@@ -1,13 +1,14 @@
 // timeline_benchmark: the size and time of `exitscope timeline` for a big dump (issue 9).
 //
-//   build/bench/timeline_benchmark [--exits N] [--vcpus N] [--out PATH] [--max-exits N]
+//   build/bench/timeline_benchmark [--exits N] [--vcpus N] [--out PATH] [--max-exits N] [--keep]
 //
 // Builds a synthetic dump with the recorder library: --vcpus rings of N / vcpus records, each
 // filled by BeginExit / EndExit of MMIO exits on an NVMe BAR's doorbells and PIO exits on a
 // UART, round robin (real TSC times: each exit as long as the recorder's own hot path), plus
 // one I/O submit and complete per 64 exits; takes a Snapshot, writes it with WriteDumpFile,
 // reads it back with ReadDump (as the CLI does) and renders the timeline with
-// report::WriteTimeline into --out (default /tmp/timeline_benchmark.json; removed after). It
+// report::WriteTimeline into --out (default /tmp/timeline_benchmark.json; removed after, with
+// the dump PATH.esdump, unless --keep: then `exitscope timeline PATH.esdump` can be timed). It
 // prints the time of each step, the file's bytes and bytes per exit, and the process's peak
 // RSS before and after rendering (the writer streams: rendering adds no memory per exit).
 #include <sys/resource.h>
@@ -58,6 +59,7 @@ uint64_t Count(const char* flag, const char* text, uint64_t min, uint64_t max) {
 
 int main(int argc, char** argv) {
   uint64_t exits = 1'000'000, vcpus = 4, max_exits = 0;
+  bool keep = false;
   std::string out = "/tmp/timeline_benchmark.json";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -67,11 +69,13 @@ int main(int argc, char** argv) {
     };
     if (a == "--help" || a == "-h") {
       std::printf(
-          "usage: timeline_benchmark [--exits N] [--vcpus N] [--out PATH] [--max-exits N]\n"
+          "usage: timeline_benchmark [--exits N] [--vcpus N] [--out PATH] [--max-exits N] "
+          "[--keep]\n"
           "  Records N exits (default 1000000) over --vcpus (default 4) with the recorder,\n"
           "  dumps them, and renders the timeline (report::WriteTimeline); prints the time,\n"
           "  bytes, bytes per exit and peak RSS. --max-exits as exitscope timeline's (default\n"
-          "  0: all). Exit status: 0 ok, 1 a failure, 2 bad usage.\n");
+          "  0: all). --keep leaves PATH and PATH.esdump. Exit status: 0 ok, 1 a failure,\n"
+          "  2 bad usage.\n");
       return 0;
     } else if (a == "--exits") {
       exits = Count("--exits", next(), 1, 1ull << 26);
@@ -79,6 +83,8 @@ int main(int argc, char** argv) {
       vcpus = Count("--vcpus", next(), 1, 256);
     } else if (a == "--out") {
       out = next();
+    } else if (a == "--keep") {
+      keep = true;
     } else if (a == "--max-exits") {
       max_exits = Count("--max-exits", next(), 0, 1ull << 40);
     } else {
@@ -127,7 +133,7 @@ int main(int argc, char** argv) {
   }
   const double t2 = NowMs();
   auto dump = ReadDump(dump_path);
-  std::remove(dump_path.c_str());
+  if (!keep) std::remove(dump_path.c_str());
   if (!dump) {
     std::fprintf(stderr, "timeline_benchmark: %s\n", dump.error().message.c_str());
     return 1;
@@ -149,7 +155,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "timeline_benchmark: %s\n", st.error().message.c_str());
     return 1;
   }
-  std::remove(out.c_str());
+  if (!keep) std::remove(out.c_str());
   const long rss_after = PeakRssMb();
   std::printf(
       "timeline_benchmark: %llu exits recorded on %llu vCPUs (%.0f ms), %llu in the dump "

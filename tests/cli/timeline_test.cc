@@ -1,7 +1,6 @@
 // `exitscope timeline` end to end on the real captures of testdata/kvm-host: a dump, a trace,
 // the joint view (in either order), the filters, and bad input: one line, exit 2, no file.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,23 +13,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/run.h"
+
 namespace {
 
-struct Output {
-  int status;
-  std::string out;  // stderr and stdout
-};
-
-Output RunExitscope(const std::string& args) {
-  const std::string cmd = std::string(EXITSCOPE_BINARY_DIR) + "/exitscope " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
+using exitscope::test::RunExitscope;
 
 std::string Data(const char* rel) {
   return std::string(EXITSCOPE_TESTDATA_DIR) + "/kvm-host/" + rel;
@@ -59,7 +46,7 @@ size_t Count(const nlohmann::json& doc, const char* ph, const char* cat = nullpt
 
 TEST(TimelineCli, DumpTraceAndJoint) {
   const std::string o = Out("dump");
-  Output r = RunExitscope("timeline " + Data("joint-blk.esdump") + " -o " + o);
+  exitscope::test::Ran r = RunExitscope("timeline " + Data("joint-blk.esdump") + " -o " + o);
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("1444 VMM exits"), std::string::npos) << r.out;
   nlohmann::json doc = Parse(o);
@@ -79,8 +66,8 @@ TEST(TimelineCli, DumpTraceAndJoint) {
                    " -o " + o);
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("(836 split)"), std::string::npos) << r.out;
-  Output r2 = RunExitscope("timeline " + Data("joint-sched.esdump") + " " +
-                           Data("joint-sched.dat") + " -o " + o2);
+  exitscope::test::Ran r2 = RunExitscope("timeline " + Data("joint-sched.esdump") + " " +
+                                         Data("joint-sched.dat") + " -o " + o2);
   ASSERT_EQ(r2.status, 0) << r2.out;
   doc = Parse(o);
   EXPECT_EQ(doc, Parse(o2));
@@ -89,12 +76,12 @@ TEST(TimelineCli, DumpTraceAndJoint) {
 }
 
 TEST(TimelineCli, FiltersAndStdout) {
-  Output r = RunExitscope("timeline " + Data("blk-backend-delay.esdump") + " --slow-only -o -");
-  ASSERT_EQ(r.status, 0) << r.out;
-  // stdout holds the JSON, then stderr's summary line.
-  const size_t end = r.out.rfind("exitscope timeline: wrote -");
-  ASSERT_NE(end, std::string::npos) << r.out;
-  const nlohmann::json doc = nlohmann::json::parse(r.out.substr(0, end));
+  exitscope::test::Ran r =
+      RunExitscope("timeline " + Data("blk-backend-delay.esdump") + " --slow-only -o -", false);
+  ASSERT_EQ(r.status, 0) << r.err;
+  // stdout holds the JSON; stderr the one summary line.
+  EXPECT_EQ(r.err.rfind("exitscope timeline: wrote -: ", 0), 0u) << r.err;
+  const nlohmann::json doc = nlohmann::json::parse(r.out);
   for (const nlohmann::json& e : doc["traceEvents"]) {
     if (e["ph"] == "X") {
       EXPECT_GE(e["args"]["duration_ns"].get<uint64_t>(), 20'000'000u);
@@ -142,7 +129,7 @@ TEST(TimelineCli, BadInputIsOneLineAndExitTwo) {
       "timeline " + Data("joint-blk.esdump") + " --from 2 --to 1 -o " + o,
   };
   for (const std::string& c : cases) {
-    const Output r = RunExitscope(c);
+    const exitscope::test::Ran r = RunExitscope(c);
     EXPECT_EQ(r.status, 2) << c << "\n" << r.out;
     EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << c << "\n" << r.out;
     EXPECT_EQ(r.out.rfind("exitscope timeline: ", 0), 0u) << r.out;
@@ -151,13 +138,14 @@ TEST(TimelineCli, BadInputIsOneLineAndExitTwo) {
   std::remove(junk.c_str());
   std::remove(cut_formats.c_str());
   std::remove(cut_data.c_str());
-  const Output r = RunExitscope("timeline " + Data("joint-blk.esdump") + " -o /nonexistent/x.json");
+  const exitscope::test::Ran r =
+      RunExitscope("timeline " + Data("joint-blk.esdump") + " -o /nonexistent/x.json");
   EXPECT_EQ(r.status, 1) << r.out;
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
 }
 
 TEST(TimelineCli, HelpAndListed) {
-  Output r = RunExitscope("timeline --help");
+  exitscope::test::Ran r = RunExitscope("timeline --help");
   EXPECT_EQ(r.status, 0);
   EXPECT_NE(r.out.find("ui.perfetto.dev"), std::string::npos);
   EXPECT_NE(r.out.find("--max-exits"), std::string::npos);

@@ -334,5 +334,38 @@ TEST(JointView, SchedSwitchAtTheEdgesAndAbsent) {
   }
 }
 
+// The off-CPU spans the timeline draws (JointExit::off_cpu_spans): inside the exit, in order,
+// disjoint, summing to off_cpu_ns (and the preempted ones to off_cpu_runnable_ns).
+TEST(JointViewSched, OffCpuSpansSumToTheSplit) {
+  const std::string dump_path = KvmHost("joint-sched.esdump");
+  auto dump = ReadDump(dump_path);
+  ASSERT_TRUE(dump);
+  auto v = BuildJointViewFromTrace(*dump, dump_path, KvmHost("joint-sched.dat"));
+  ASSERT_TRUE(v) << v.error().message;
+  size_t with_spans = 0;
+  for (const JointExit& j : v->matched) {
+    uint64_t sum = 0, runnable = 0, at = j.kernel_start_ns;
+    for (const JointExit::OffCpuSpan& s : j.off_cpu_spans) {
+      EXPECT_GE(s.start_ns, at);
+      EXPECT_GT(s.duration_ns, 0u);
+      at = s.start_ns + s.duration_ns;
+      sum += s.duration_ns;
+      if (s.runnable) runnable += s.duration_ns;
+    }
+    EXPECT_LE(at, j.kernel_start_ns + j.kernel_ns);
+    EXPECT_EQ(sum, j.off_cpu_ns);
+    EXPECT_EQ(runnable, j.off_cpu_runnable_ns);
+    with_spans += !j.off_cpu_spans.empty();
+  }
+  EXPECT_GT(with_spans, 0u);
+  // Without sched_switch records there are none.
+  const std::string blk = KvmHost("joint-blk.esdump");
+  auto d2 = ReadDump(blk);
+  ASSERT_TRUE(d2);
+  auto v2 = BuildJointViewFromTrace(*d2, blk, KvmHost("joint-blk.dat"));
+  ASSERT_TRUE(v2);
+  for (const JointExit& j : v2->matched) EXPECT_TRUE(j.off_cpu_spans.empty());
+}
+
 }  // namespace
 }  // namespace exitscope::analysis

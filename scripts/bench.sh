@@ -18,3 +18,5 @@ echo; echo "== Prometheus scrape cost, 64 vCPUs x 20 registers (docs/prometheus.
 "$B/metrics_scrape"
 echo; echo "== cost per exit: no tracing, tracefs streaming, --bpf (docs/kvm-bpf.md) =="
 "$B/kvm_bpf_overhead" --rounds 3 --iterations 20000
+echo; echo "== timeline of 1 M exits: time, bytes, memory (docs/timeline.md) =="
+"$B/timeline_benchmark"

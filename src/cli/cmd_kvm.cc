@@ -162,11 +162,12 @@ int ReportMain(int argc, char** argv) {
   analysis::KvmAggregator agg(std::move(aopts));
   report::HtmlExitCollector exits(
       [slow_ns](const ExitEvent& e) { return slow_ns != 0 && e.duration_ns >= slow_ns; },
-      [&agg](const ExitEvent& e) { return agg.Counts(e); });
+      [&agg](const ExitEvent& e) { return agg.Counts(e); }, /*group_targets=*/true);
   report::TeeSink tee({&agg, &exits});
   sources::KvmPairer pairer(popts, format == "html" ? static_cast<EventSink*>(&tee) : &agg);
   if (Status s = (*in)->ReadAll(&pairer); !s) return ReportError(self, s.error());
   agg.Finish();
+  exits.Finish();
 
   report::KvmReportContext ctx;
   ctx.input = input;

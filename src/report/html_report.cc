@@ -725,8 +725,18 @@ void JointSections(Page& p, const analysis::JointView& v, const JointRenderOptio
 // ---- collector and tee -----------------------------------------------------------------
 
 HtmlExitCollector::HtmlExitCollector(std::function<bool(const ExitEvent&)> slow,
-                                     std::function<bool(const ExitEvent&)> pass)
-    : slow_(std::move(slow)), pass_(std::move(pass)) {}
+                                     std::function<bool(const ExitEvent&)> pass, bool group_targets)
+    : slow_(std::move(slow)), pass_(std::move(pass)) {
+  if (group_targets) {
+    devices_ = std::make_unique<analysis::ExitGrouper>(&by_device_);
+    registers_ = std::make_unique<analysis::ExitGrouper>(&by_register_);
+  }
+}
+
+void HtmlExitCollector::Finish() {
+  analysis::SortInPlace(by_device_, analysis::RowOrder::kTime);
+  analysis::SortInPlace(by_register_, analysis::RowOrder::kTime);
+}
 
 void HtmlExitCollector::OnExit(const ExitEvent& e) {
   if (e.end != ExitEnd::kSeen || e.kernel_access) return;
@@ -757,6 +767,14 @@ void HtmlExitCollector::OnExit(const ExitEvent& e) {
   p.label = lit->second & 0x7fffffffu;
   p.slow = slow_ && slow_(e) ? 1 : 0;
   points_.push_back(p);
+  if (devices_ == nullptr) return;
+  for (auto [k, g] : {std::pair{analysis::ExitKey::kDevice, devices_.get()},
+                      std::pair{analysis::ExitKey::kRegister, registers_.get()}}) {
+    analysis::RowKey key;
+    if (!analysis::KeyOf(k, e, &key, &scratch_)) continue;
+    const analysis::ExitKey kk = k;
+    g->Add(g->Row(key, [&] { return analysis::RowText{analysis::KeyText(kk, key), {}}; }), e);
+  }
 }
 
 std::vector<std::string> HtmlExitCollector::TrackNames() const {
@@ -842,24 +860,13 @@ std::string RenderKvmHtml(const analysis::KvmAnalysis& a, const KvmReportContext
     p.Chart(std::move(c),
             left ? fmt::format("{} more rows are in the table below.", left) : std::string());
   }
-  // For the access classes the rows are keys (ports, addresses): the same histograms by the
-  // device.register those keys resolve to, when the trace was given a device map.
-  std::map<std::string, std::unique_ptr<ExitRow>> by_name;
-  for (const auto& r : all.rows) {
-    if (r->name.empty()) continue;
-    auto& row = by_name[r->name];
-    if (!row) {
-      row = std::make_unique<ExitRow>();
-      row->key = r->name;
-    }
-    row->stats.Merge(r->stats);
-  }
-  if (!by_name.empty()) {
-    std::vector<const ExitRow*> rows;
-    for (const auto& [name, r] : by_name) rows.push_back(r.get());
-    json c = HistogramChart("hist-name", "Exit duration by name (device.register, MSR)", rows,
-                            plot.histogram_series);
-    p.Chart(std::move(c));
+  // The same exits by the device and the register they touched (resolved with --device-map
+  // or --qmp; "unassigned" without one).
+  if (!exits.by_device().rows.empty()) {
+    p.Chart(HistogramChart("hist-device", "Exit duration by device", RowsOf(exits.by_device()),
+                           plot.histogram_series));
+    p.Chart(HistogramChart("hist-register", "Exit duration by register",
+                           RowsOf(exits.by_register()), plot.histogram_series));
   }
 
   const Timeline t = BuildTimeline(exits, 0, plot, std::string(slow_rule));

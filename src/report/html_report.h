@@ -25,12 +25,14 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "analysis/exit_table.h"
 #include "analysis/kvm_stats.h"
 #include "exitscope/dump.h"
 #include "exitscope/status.h"
@@ -57,8 +59,11 @@ class HtmlExitCollector final : public EventSink {
  public:
   // `slow` says whether an exit is slow; `pass` whether it is in the report at all (the
   // report's --vcpu / --device / -p filters). Either may be empty (none slow, all pass).
+  // `group_targets`: also count the exits that pass into rows by device and by register
+  // (exit_table.h ExitKey::kDevice / kRegister), for a report whose own rows are not (a kvm
+  // report's rows are its event class's keys).
   HtmlExitCollector(std::function<bool(const ExitEvent&)> slow,
-                    std::function<bool(const ExitEvent&)> pass);
+                    std::function<bool(const ExitEvent&)> pass, bool group_targets = false);
   void OnExit(const ExitEvent& e) override;
 
   struct Point {
@@ -73,6 +78,10 @@ class HtmlExitCollector final : public EventSink {
   // Track names in track order: "vCPU 0", or "VM 4242 vCPU 0" when there are several VMs.
   std::vector<std::string> TrackNames() const;
   size_t tracks() const noexcept { return tracks_.size(); }
+  // With group_targets: the rows by device and by register, sorted by total time.
+  const analysis::ExitTable& by_device() const noexcept { return by_device_; }
+  const analysis::ExitTable& by_register() const noexcept { return by_register_; }
+  void Finish();
 
  private:
   std::function<bool(const ExitEvent&)> slow_, pass_;
@@ -81,6 +90,8 @@ class HtmlExitCollector final : public EventSink {
   std::unordered_map<std::string, uint32_t> label_index_;
   std::map<std::pair<uint32_t, uint32_t>, uint32_t> tracks_;  // (vm, vcpu) -> track
   std::string scratch_;
+  analysis::ExitTable by_device_, by_register_;
+  std::unique_ptr<analysis::ExitGrouper> devices_, registers_;  // with group_targets
 };
 
 // Hands every event to each of its sinks, in order.

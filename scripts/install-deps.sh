@@ -16,6 +16,10 @@ PACKAGES=(
 # installed, so a failure here is not fatal: prometheus (tests/metrics: the real-Prometheus
 # scrape), qemu-system-x86 (tests/sources/qemu_kvm_test: a real QEMU under kvm record).
 OPTIONAL_PACKAGES=(prometheus qemu-system-x86)
+# The HTML report (docs/html-report.md): npm at build time (`npm ci` of web/package-lock.json),
+# chromium for its browser test; without them --format html says why and its tests skip.
+command -v npm >/dev/null 2>&1 || OPTIONAL_PACKAGES+=(nodejs npm)
+OPTIONAL_PACKAGES+=(chromium)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -135,6 +135,8 @@ class ExitSummaryBuilder final : public EventSink {
   std::vector<Io> ios_;
 };
 
-ExitSummary Summarize(const Dump& dump, const SummaryFilter& filter);
+// `also`, when given, receives every event of the dump's stream too (the HTML report's plots
+// are drawn from the same stream the tables are counted from).
+ExitSummary Summarize(const Dump& dump, const SummaryFilter& filter, EventSink* also = nullptr);
 
 }  // namespace exitscope::analysis

@@ -469,6 +469,7 @@ JointGroups GroupJointExits(const std::vector<JointExit>& exits) {
                               : 0.0);
         }
         JointPart p;
+        for (uint64_t x : ns) p.sum_ns += x;
         p.p50_ns = Percentile(ns, 0.50);
         p.p99_ns = Percentile(ns, 0.99);
         p.share_p50 = PercentileD(share, 0.50);

@@ -171,6 +171,7 @@ Result<JointView> BuildJointViewFromTrace(const Dump& dump, const std::string& d
 // Per-group aggregation of the matched exits: count and p50 / p99 of each part.
 struct JointPart {
   uint64_t p50_ns = 0, p99_ns = 0;
+  uint64_t sum_ns = 0;  // over the group's exits: the parts' sums add up to the total's
   double share_p50 = 0, share_p99 = 0;  // part / kernel duration, 0..1
 };
 struct JointGroup {

@@ -164,13 +164,22 @@ ExitGrouper& KvmAggregator::VcpuGroup(int64_t vm, int64_t vcpu) {
   return *it->second;
 }
 
-void KvmAggregator::OnExit(const ExitEvent& e) {
+bool KvmAggregator::Counts(const ExitEvent& e) const {
   RowKey key;
+  return Keep(e, &key);
+}
+
+bool KvmAggregator::Keep(const ExitEvent& e, RowKey* key) const {
   const bool exit_class =
       options_.event == KvmEventClass::kVmexit || options_.event == KvmEventClass::kUserspace;
-  const bool keep = !(e.kernel_access && exit_class) && Classify(e, &key) &&
-                    !(options_.vcpu >= 0 && e.vcpu != options_.vcpu) &&
-                    !(options_.pid >= 0 && e.vm != options_.pid && e.tid != options_.pid);
+  return !(e.kernel_access && exit_class) && Classify(e, key) &&
+         !(options_.vcpu >= 0 && e.vcpu != options_.vcpu) &&
+         !(options_.pid >= 0 && e.vm != options_.pid && e.tid != options_.pid);
+}
+
+void KvmAggregator::OnExit(const ExitEvent& e) {
+  RowKey key;
+  const bool keep = Keep(e, &key);
   if (e.kernel_access) {
     ++analysis_.kernel_accesses_seen;
     if (!keep) {

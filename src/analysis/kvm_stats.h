@@ -100,6 +100,9 @@ class KvmAggregator final : public EventSink {
   void Finish();
   const KvmAnalysis& analysis() const noexcept { return analysis_; }
   const KvmAnalysisOptions& options() const noexcept { return options_; }
+  // Whether OnExit(e) counts `e` in a row: in the event class, not a kernel access of an exit
+  // class, and through the --vcpu / -p filters (the HTML report's timeline draws these).
+  bool Counts(const ExitEvent& e) const;
   // Clears every row (live mode: one interval at a time).
   void Reset();
 
@@ -107,6 +110,7 @@ class KvmAggregator final : public EventSink {
   // perf's event classes are the key functions: Classify says whether an exit is in the class
   // and gives its RowKey (the reason, or the sub-key and direction), KeyText prints it.
   bool Classify(const ExitEvent& e, RowKey* key) const;
+  bool Keep(const ExitEvent& e, RowKey* key) const;  // Counts, and the row's key
   std::string KeyText(const RowKey& key) const;
   std::string NameText(const ExitEvent& e) const;
   void Add(ExitGrouper& g, const RowKey& key, const ExitEvent& e);

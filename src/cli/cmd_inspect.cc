@@ -9,6 +9,7 @@
 #include "cli/parse_args.h"
 #include "exitscope/dump.h"
 #include "report/exit_health.h"
+#include "report/html_report.h"
 #include "report/joint_report.h"
 
 namespace exitscope::cli {
@@ -28,8 +29,11 @@ int InspectMain(int argc, char** argv) {
                  "dump file written by the recorder (WriteDump, signal, exitscope run)")
       ->required();
   app.add_option("--format", format, "output format")
-      ->check(CLI::IsMember({"table", "json"}))
+      ->check(CLI::IsMember({"table", "json", "html"}))
       ->capture_default_str();
+  std::string output;
+  app.add_option("-o,--output", output,
+                 "write the report to FILE ('-' or none: stdout); --format html needs it");
   app.add_option("--vcpu", vcpu, "only exits of this vCPU")->check(kNonNegativeInteger);
   app.add_option("--device", device, "only exits on this device (a name, or 'unassigned')");
   app.add_option("--rows", rows, "rows per table in table format (0 = all)")
@@ -44,8 +48,19 @@ int InspectMain(int argc, char** argv) {
   app.footer(
       "Exit status: 0 ok, 1 a runtime failure (e.g. a read error), 2 bad usage or a missing, "
       "corrupt or unsupported dump.\n"
-      "JSON schema: docs/inspect.md.");
+      "JSON schema: docs/inspect.md. HTML (one self-contained page with plots): "
+      "docs/html-report.md.");
   if (auto rc = ParseArgs(app, argc, argv)) return *rc;
+  const bool html = format == "html";
+  if (html && output.empty()) {
+    return UsageError("exitscope inspect",
+                      "--format html: give the page's file with -o FILE (-o - for stdout)");
+  }
+  if (html && !report::HtmlUnavailable().empty()) {
+    std::fprintf(stderr, "exitscope inspect: --format html: %s\n",
+                 report::HtmlUnavailable().data());
+    return 1;
+  }
 
   auto dump = ReadDump(path);
   if (!dump) {
@@ -59,10 +74,12 @@ int InspectMain(int argc, char** argv) {
     jo.dump = path;
     jo.trace = kernel;
     jo.rows = all ? 0 : rows;
-    auto out = report::RenderJointViewOfFiles(*dump, jo, format == "json");
+    auto out = html ? report::RenderJointHtml(*dump, jo)
+                    : report::RenderJointViewOfFiles(*dump, jo, format == "json");
     if (!out) return ReportError("exitscope inspect", out.error());
-    std::fwrite(out->data(), 1, out->size(), stdout);
-    return std::fflush(stdout) == 0 ? 0 : 1;
+    if (Status s = report::WriteOutputFile(output, *out); !s)
+      return ReportError("exitscope inspect", s.error());
+    return 0;
   }
   report::ExitHealthOptions o;
   o.format = format == "json" ? report::OutputFormat::kJson : report::OutputFormat::kTable;
@@ -91,7 +108,10 @@ int InspectMain(int argc, char** argv) {
     o.filter.device = device;
   }
   try {
-    report::WriteExitHealthReport(*dump, o, stdout);
+    const std::string out =
+        html ? report::RenderExitHealthHtml(*dump, o) : report::ExitHealthReport(*dump, o);
+    if (Status s = report::WriteOutputFile(output, out); !s)
+      return ReportError("exitscope inspect", s.error());
   } catch (const std::exception& e) {  // never an abort: one line naming the input
     std::fprintf(stderr, "exitscope inspect: %s: cannot render the report: %s\n", path.c_str(),
                  e.what());

@@ -3,7 +3,8 @@
 //   exitscope kvm report -i FILE [--event vmexit|userspace|ioport|mmio|msr|hypercall]
 //                        [--vcpu N] [-p PID] [-k sample|time|max|min|avg|p50|p99|p999]
 //                        [--duration USEC] [--percentiles] [--per-vcpu] [--per-vm]
-//                        [--histogram] [--format table|json|csv] [--device-map FILE]
+//                        [--histogram] [--format table|json|csv|html] [-o FILE]
+//                        [--device-map FILE]
 //                        [--pvm-numbering upstream|fork] [--isa auto|vmx|svm|pvm]
 //                        [--tsc-mhz MHZ] [--dump DUMP]
 //   exitscope kvm record ...   (cmd_kvm_record.cc)
@@ -25,6 +26,7 @@
 #include "cli/parse_args.h"
 #include "exitscope/dump.h"
 #include "fmt/format.h"
+#include "report/html_report.h"
 #include "report/joint_report.h"
 #include "report/kvm_report.h"
 #include "sources/kvm_device_map.h"
@@ -50,9 +52,14 @@ void KvmUsage(FILE* out) {
 // `kvm report --dump`: the joint view, as `inspect DUMP --kernel TRACE` prints it. Only
 // --format table|json applies; --tsc-mhz is ignored (the dump's TSC calibration is used).
 int JointMain(const char* self, const std::string& input, const std::string& dump_path,
-              const std::string& format, bool tsc_mhz_given) {
-  if (format != "table" && format != "json") {
-    return UsageError(self, fmt::format("--dump: --format '{}' is not table or json", format));
+              const std::string& format, bool tsc_mhz_given, const std::string& output) {
+  if (format != "table" && format != "json" && format != "html") {
+    return UsageError(self,
+                      fmt::format("--dump: --format '{}' is not table, json or html", format));
+  }
+  if (format == "html" && !report::HtmlUnavailable().empty()) {
+    std::fprintf(stderr, "%s: --format html: %s\n", self, report::HtmlUnavailable().data());
+    return 1;
   }
   if (tsc_mhz_given) {
     std::fprintf(stderr,
@@ -65,10 +72,11 @@ int JointMain(const char* self, const std::string& input, const std::string& dum
   report::JointRenderOptions jo;
   jo.dump = dump_path;
   jo.trace = input;
-  auto out = report::RenderJointViewOfFiles(*dump, jo, format == "json");
+  auto out = format == "html" ? report::RenderJointHtml(*dump, jo)
+                              : report::RenderJointViewOfFiles(*dump, jo, format == "json");
   if (!out) return ReportError(self, out.error());
-  std::fwrite(out->data(), 1, out->size(), stdout);
-  return std::fflush(stdout) == 0 ? 0 : 1;
+  if (Status s = report::WriteOutputFile(output, *out); !s) return ReportError(self, s.error());
+  return 0;
 }
 
 int ReportMain(int argc, char** argv) {
@@ -84,7 +92,11 @@ int ReportMain(int argc, char** argv) {
                  "trace file: trace-cmd .dat, trace-cmd report / ftrace text, perf script text")
       ->required();
   flags.Add(app, "only this VM (VMM process id) or vCPU thread id",
-            "print each exit that took at least USEC microseconds", "table | json | csv");
+            "print each exit that took at least USEC microseconds (html: mark it slow)",
+            "table | json | csv | html (one self-contained page with plots, docs/html-report.md)");
+  flags.html_format = true;
+  std::string output;
+  app.add_option("-o,--output", output, "write the report to FILE ('-' or none: stdout)");
   app.add_option("--isa", isa,
                  "text traces only: which table kvm_exit reasons use: auto | vmx | svm | pvm");
   app.add_option("--tsc-mhz", tsc_mhz,
@@ -97,7 +109,11 @@ int ReportMain(int argc, char** argv) {
                  "same run and split each exit's time (docs/joint.md); x86-tsc ticks are "
                  "converted with the dump's TSC calibration");
   if (auto rc = ParseArgs(app, argc, argv)) return *rc;
-  if (!dump_path.empty()) return JointMain(self, input, dump_path, flags.format, tsc_mhz > 0);
+  if (flags.format == "html" && output.empty()) {
+    return UsageError(self, "--format html: give the page's file with -o FILE (-o - for stdout)");
+  }
+  if (!dump_path.empty())
+    return JointMain(self, input, dump_path, flags.format, tsc_mhz > 0, output);
 
   analysis::KvmAnalysisOptions aopts;
   report::KvmRenderOptions ropts;
@@ -105,6 +121,10 @@ int ReportMain(int argc, char** argv) {
   std::unique_ptr<sources::KvmDeviceMap> devices;
   if (int rc = flags.Apply(self, &aopts, &ropts, &popts, &devices); rc != 0) return rc;
   const std::string& format = flags.format;
+  if (format == "html" && !report::HtmlUnavailable().empty()) {
+    std::fprintf(stderr, "%s: --format html: %s\n", self, report::HtmlUnavailable().data());
+    return 1;
+  }
   sources::KvmInputOptions iopts;
   if (isa == "auto")
     iopts.text.isa = Isa::kUnknown;
@@ -129,16 +149,25 @@ int ReportMain(int argc, char** argv) {
         std::printf("%s\n", report::FormatKvmSlowExit(e, k).c_str());
       } else if (format == "csv") {
         std::fprintf(stderr, "%s\n", report::FormatKvmSlowExit(e, k).c_str());
+      } else if (format == "html") {
+        // marked in the page's timeline (the collector's threshold)
       } else if (slow.size() < kMaxSlowExitsKept) {
         slow.push_back({e.start_ns, e.duration_ns, e.vm, e.vcpu, e.tid, std::string(e.reason),
                         std::string(k), std::string(e.device), std::string(e.reg)});
       }
     };
   }
+  // --format html: the page's timeline and rate plots draw the exits the aggregator counts.
+  const uint64_t slow_ns = aopts.slow_ns;
   analysis::KvmAggregator agg(std::move(aopts));
-  sources::KvmPairer pairer(popts, &agg);
+  report::HtmlExitCollector exits(
+      [slow_ns](const ExitEvent& e) { return slow_ns != 0 && e.duration_ns >= slow_ns; },
+      [&agg](const ExitEvent& e) { return agg.Counts(e); }, /*group_targets=*/true);
+  report::TeeSink tee({&agg, &exits});
+  sources::KvmPairer pairer(popts, format == "html" ? static_cast<EventSink*>(&tee) : &agg);
   if (Status s = (*in)->ReadAll(&pairer); !s) return ReportError(self, s.error());
   agg.Finish();
+  exits.Finish();
 
   report::KvmReportContext ctx;
   ctx.input = input;
@@ -152,14 +181,19 @@ int ReportMain(int argc, char** argv) {
   ctx.vcpu = flags.vcpu;
   ctx.slow_exits = &slow;
   std::string out;
-  if (format == "json")
+  if (format == "html")
+    out = report::RenderKvmHtml(
+        agg.analysis(), ctx, ropts, exits,
+        slow_ns != 0 ? fmt::format("at least --duration {} us", slow_ns / 1e3)
+                     : "none marked: --duration USEC marks the exits at least that long");
+  else if (format == "json")
     out = report::RenderKvmJson(agg.analysis(), ctx, ropts);
   else if (format == "csv")
     out = report::RenderKvmCsv(agg.analysis(), ctx, ropts);
   else
     out = report::RenderKvmTable(agg.analysis(), ctx, ropts);
-  std::fwrite(out.data(), 1, out.size(), stdout);
-  return std::fflush(stdout) == 0 ? 0 : 1;
+  if (Status s = report::WriteOutputFile(output, out); !s) return ReportError(self, s.error());
+  return 0;
 }
 
 }  // namespace

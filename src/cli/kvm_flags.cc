@@ -45,8 +45,10 @@ int KvmAnalysisFlags::Apply(const char* self, analysis::KvmAnalysisOptions* a,
                                   "p99, p999)",
                                   key));
   }
-  if (format != "table" && format != "json" && format != "csv") {
-    return UsageError(self, fmt::format("--format: '{}' is not table, json or csv", format));
+  if (format != "table" && format != "json" && format != "csv" &&
+      !(html_format && format == "html")) {
+    return UsageError(self, fmt::format("--format: '{}' is not table, json, csv{}", format,
+                                        html_format ? " or html" : ""));
   }
   if (pvm_numbering == "upstream") {
     p->pvm = sources::PvmNumbering::kUpstream;

@@ -315,6 +315,11 @@ std::span<const std::string_view> KvmExitCounterNames() {
   return kKvmExitCounters;
 }
 
+std::string RenderExitHealthTable(const Dump& dump, const ExitSummary& summary,
+                                  const ExitHealthOptions& options) {
+  return RenderTable(dump, summary, options);
+}
+
 std::string ExitHealthReport(const Dump& dump, const ExitHealthOptions& options) {
   const ExitSummary s = analysis::Summarize(dump, options.filter);
   return options.format == OutputFormat::kJson ? RenderJson(dump, s, options)

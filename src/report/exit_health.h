@@ -45,6 +45,10 @@ std::span<const std::string_view> KvmExitCounterNames();
 // Renders the report to a string.
 std::string ExitHealthReport(const Dump& dump, const ExitHealthOptions& options);
 
+// The table format of a summary already made (what ExitHealthReport prints for kTable).
+std::string RenderExitHealthTable(const Dump& dump, const analysis::ExitSummary& summary,
+                                  const ExitHealthOptions& options);
+
 // Writes ExitHealthReport(dump, options) to `out`.
 void WriteExitHealthReport(const Dump& dump, const ExitHealthOptions& options, std::FILE* out);
 

@@ -65,6 +65,12 @@ void KvmAggregator::Reset() {
   all_ = std::make_unique<ExitGrouper>(&analysis_.all);
 }
 
+KvmAnalysis KvmAggregator::TakeAnalysis() {
+  KvmAnalysis out = std::move(analysis_);
+  Reset();
+  return out;
+}
+
 bool KvmAggregator::Classify(const ExitEvent& e, RowKey* key) const {
   switch (options_.event) {
     case KvmEventClass::kVmexit:
@@ -138,9 +144,10 @@ std::string KvmAggregator::NameText(const ExitEvent& e) const {
   }
 }
 
-void KvmAggregator::Add(ExitGrouper& g, const RowKey& key, const ExitEvent& e) {
+template <class... Batch>
+void KvmAggregator::Add(ExitGrouper& g, const RowKey& key, const ExitEvent& e, const Batch&... b) {
   ExitRow& row = g.Row(key, [&] { return RowText{KeyText(key), NameText(e)}; });
-  g.Add(row, e);
+  g.Add(row, e, b...);
 }
 
 ExitGrouper& KvmAggregator::VmGroup(int64_t vm) {
@@ -164,26 +171,36 @@ ExitGrouper& KvmAggregator::VcpuGroup(int64_t vm, int64_t vcpu) {
   return *it->second;
 }
 
-void KvmAggregator::OnExit(const ExitEvent& e) {
-  RowKey key;
+bool KvmAggregator::Keeps(const ExitEvent& e, RowKey* key) const {
   const bool exit_class =
       options_.event == KvmEventClass::kVmexit || options_.event == KvmEventClass::kUserspace;
-  const bool keep = !(e.kernel_access && exit_class) && Classify(e, &key) &&
-                    !(options_.vcpu >= 0 && e.vcpu != options_.vcpu) &&
-                    !(options_.pid >= 0 && e.vm != options_.pid && e.tid != options_.pid);
+  return !(e.kernel_access && exit_class) && Classify(e, key) &&
+         !(options_.vcpu >= 0 && e.vcpu != options_.vcpu) &&
+         !(options_.pid >= 0 && e.vm != options_.pid && e.tid != options_.pid);
+}
+
+bool KvmAggregator::Admit(const ExitEvent& e, RowKey* key, uint64_t n) {
+  const bool keep = Keeps(e, key);
   if (e.kernel_access) {
-    ++analysis_.kernel_accesses_seen;
-    if (!keep) {
-      ++analysis_.kernel_accesses_skipped;
-      return;
-    }
+    analysis_.kernel_accesses_seen += n;
+    if (!keep) analysis_.kernel_accesses_skipped += n;
   } else {
-    ++analysis_.exits_seen;
-    if (!keep) {
-      ++analysis_.exits_filtered;
-      return;
-    }
+    analysis_.exits_seen += n;
+    if (!keep) analysis_.exits_filtered += n;
   }
+  return keep;
+}
+
+bool KvmAggregator::RowKeyText(const ExitEvent& e, std::string* text) const {
+  RowKey key;
+  if (!Keeps(e, &key)) return false;
+  *text = KeyText(key);
+  return true;
+}
+
+void KvmAggregator::OnExit(const ExitEvent& e) {
+  RowKey key;
+  if (!Admit(e, &key, 1)) return;
   if (e.end == ExitEnd::kOpenAtEnd) {
     ++analysis_.open_at_end;
     if (analysis_.open_exits.size() < KvmAnalysis::kMaxOpenExitsKept) {
@@ -203,6 +220,14 @@ void KvmAggregator::OnExit(const ExitEvent& e) {
       options_.on_slow(e, text);
     }
   }
+}
+
+void KvmAggregator::OnSamples(const ExitEvent& e, const SampleBatch& b) {
+  RowKey key;
+  if (!Admit(e, &key, b.timed + b.untimed)) return;
+  Add(*all_, key, e, b);
+  if (options_.per_vm) Add(VmGroup(e.vm), key, e, b);
+  if (options_.per_vcpu) Add(VcpuGroup(e.vm, e.vcpu), key, e, b);
 }
 
 void KvmAggregator::Finish() {

@@ -8,8 +8,9 @@
 // The program (src/sources/bpf/kvm_stat.bpf.c) pairs the kvm tracepoints per vCPU thread as
 // KvmPairer does and keeps per-key histograms in BPF maps: no event reaches userspace. This
 // command reads the maps every -d SECS (cumulative) and at the end, and renders them with
-// `kvm report`'s table / JSON / CSV. With CMD it starts CMD, counts only its process, and
-// stops when it exits; else it runs for --duration S or until Ctrl-C. Without BPF (not built,
+// `kvm report`'s table / JSON / CSV. With CMD it starts CMD, counts its process and the
+// processes it forks (followed in the kernel: a VMM behind a wrapper or a shell), and
+// stops when CMD exits; else it runs for --duration S or until Ctrl-C. Without BPF (not built,
 // no BTF, no permission, no kvm tracepoints) it says so in one line and streams the same
 // tracepoints from tracefs instead, as `kvm live` does. --metrics serves the maps as
 // Prometheus metrics, read at each scrape (kvm_stat_metrics.h). docs/kvm-bpf.md.
@@ -402,7 +403,9 @@ int KvmStatMain(int argc, char** argv) {
       "KVM exit statistics aggregated in the kernel by an eBPF program (--bpf): per-key counts "
       "and latency histograms in BPF maps, no event streamed to userspace. Prints `exitscope "
       "kvm report`'s table at the end (and every -d SECS). Without BPF it says so in one line "
-      "and streams the tracepoints from tracefs instead (as `kvm live`). docs/kvm-bpf.md.\n"
+      "and streams the tracepoints from tracefs instead (as `kvm live`). With -- CMD it counts "
+      "CMD and every process CMD forks (a VMM started by a shell or a wrapper). "
+      "docs/kvm-bpf.md.\n"
       "usage: exitscope kvm stat --bpf [options] [-- CMD ARGS...]",
       run.self};
   bool use_bpf = false;
@@ -469,7 +472,10 @@ int KvmStatMain(int argc, char** argv) {
     sources::bpf::BpfKvmOptions bo;
     bo.tracefs_dir = run.tracefs_dir;
     if (f.pid > 0) bo.tgid = static_cast<uint32_t>(f.pid);
-    if (!run.cmd.empty()) bo.tgid = static_cast<uint32_t>(run.child.pid());
+    if (!run.cmd.empty()) {
+      bo.tgid = static_cast<uint32_t>(run.child.pid());
+      bo.follow_children = true;  // CMD's children too, as the tracefs path (event-fork)
+    }
     bo.attach = run.bpf_attach == "tp_btf"       ? sources::bpf::BpfAttach::kTpBtf
                 : run.bpf_attach == "tracepoint" ? sources::bpf::BpfAttach::kTracepoint
                                                  : sources::bpf::BpfAttach::kAuto;

@@ -195,7 +195,10 @@ class BpfKvmStatTest : public ::testing::Test {
     nlohmann::json bpf, tracefs;
     VmmCounts vmm;
   };
-  Seen RunGuest(const std::string& guest, const std::string& arg, const std::string& event) {
+  // via_shell: the VMM is a child of `sh -c '...; true'` (not exec'd by the shell), so
+  // `kvm stat` counts it only by following CMD's children.
+  Seen RunGuest(const std::string& guest, const std::string& arg, const std::string& event,
+                bool via_shell = false) {
     Seen s;
     const std::string dat = tmp_ + "/guest.dat";
     std::vector<std::string> cmd = {kBin,       "kvm",
@@ -215,6 +218,13 @@ class BpfKvmStatTest : public ::testing::Test {
       cmd.push_back("--guest-arg");
       cmd.push_back(arg);
     }
+    if (via_shell) {
+      auto vmm = std::find(cmd.begin() + 8, cmd.end(), "--") + 1;  // kvm stat's CMD
+      std::string line;
+      for (auto it = vmm; it != cmd.end(); ++it) line += "'" + *it + "' ";
+      cmd.erase(vmm, cmd.end());
+      cmd.insert(cmd.end(), {"/bin/sh", "-c", line + "; true"});
+    }
     Ran r = RunCmd(cmd);
     EXPECT_EQ(r.status, 0) << r.out << r.err;
     EXPECT_EQ(r.err.find("not possible"), std::string::npos) << r.err;
@@ -231,9 +241,9 @@ class BpfKvmStatTest : public ::testing::Test {
 
   // Per reason: each KVM_EXIT_* row (plus the exits of that reason open at the end) is the
   // VMM's own count of that kind, and every row equals the tracefs path's.
-  void CheckReasons(const std::string& guest, const std::string& arg) {
-    SCOPED_TRACE(guest);
-    Seen s = RunGuest(guest, arg, "userspace");
+  void CheckReasons(const std::string& guest, const std::string& arg, bool via_shell = false) {
+    SCOPED_TRACE(guest + (via_shell ? " via sh -c" : ""));
+    Seen s = RunGuest(guest, arg, "userspace", via_shell);
     if (HasFailure()) return;
     const auto bpf = Rows(s.bpf), tfs = Rows(s.tracefs);
     const auto bpf_open = OpenAtEnd(s.bpf), tfs_open = OpenAtEnd(s.tracefs);
@@ -271,6 +281,11 @@ class BpfKvmStatTest : public ::testing::Test {
 
 TEST_F(BpfKvmStatTest, MmioStormReasonsEqualTheVmmsAndTracefsCounts) {
   CheckReasons("mmio-storm", "2000");
+}
+
+// -- CMD with the VMM a child of CMD (a shell, a wrapper): the program follows CMD's forks.
+TEST_F(BpfKvmStatTest, CmdsChildrenAreCountedToo) {
+  CheckReasons("mmio-storm", "2000", /*via_shell=*/true);
 }
 
 TEST_F(BpfKvmStatTest, MmioStormPortsAndAddressesEqualTheVmmsAndTracefsCounts) {
@@ -372,6 +387,40 @@ TEST_F(BpfKvmStatTest, MetricsEndpointServesTheGuestsRegistersDuringTheRun) {
   EXPECT_GT(first, 0) << "no MMIO series with a device and register during the run\n"
                       << ReadFile(err);
   EXPECT_GT(last, first) << "the series did not grow between scrapes: " << labels << "\n" << page;
+}
+
+// Where BPF is not possible (here: the kernel's BTF file pretended missing), one line says so
+// and the tracefs path's table comes out, with the VMM's own counts.
+TEST_F(BpfKvmStatTest, WithoutBtfItSaysSoInOneLineAndStreamsFromTracefs) {
+  ::setenv("EXITSCOPE_KERNEL_BTF", "/nonexistent/vmlinux", 1);
+  Ran r = RunCmd({kBin, "kvm", "stat", "--bpf", "--event", "ioport", "--", kBin, "run", "--guest",
+                  "mmio-storm", "--guest-arg", "500", "--vcpus", "1", "--no-dump", "--serial",
+                  tmp_ + "/serial.txt"});
+  ::unsetenv("EXITSCOPE_KERNEL_BTF");
+  EXPECT_EQ(r.status, 0) << r.err;
+  const std::string want =
+      "exitscope kvm stat: --bpf not possible here: no kernel BTF (/nonexistent/vmlinux: No such "
+      "file or directory); streaming from tracefs instead\n";
+  size_t lines = 0;
+  for (size_t at = r.err.find("not possible"); at != std::string::npos;
+       at = r.err.find("not possible", at + 1))
+    ++lines;
+  EXPECT_EQ(lines, 1u) << r.err;
+  EXPECT_NE(r.err.find(want), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("exitscope kvm stat (tracefs): final"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("IO Port Access"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("0x3f8:POUT"), std::string::npos) << r.out;
+  const VmmCounts vmm = VmmOwn(r.err);
+  EXPECT_GT(vmm.io, 0u) << r.err;
+  // "Total Samples:N" of the ioport table counts port accesses, every PIO exit among them but
+  // those open at the end (the exit that ends the guest).
+  const size_t total = r.out.find("Total Samples:");
+  ASSERT_NE(total, std::string::npos) << r.out;
+  uint64_t open = 0;
+  std::smatch m;
+  if (std::regex_search(r.out, m, std::regex("Open at end of trace: ([0-9]+) exits")))
+    open = std::stoull(m[1]);
+  EXPECT_GE(std::stoull(r.out.substr(total + 14)) + open, vmm.io) << r.out;
 }
 
 // Bad usage gets one line and status 2, as every subcommand.

@@ -43,6 +43,9 @@ enum class BpfAttach : uint8_t { kAuto = 0, kTpBtf, kTracepoint };
 struct BpfKvmOptions {
   std::string tracefs_dir;  // for the format files; empty: FindTracefs()
   uint32_t tgid = 0;        // only this process (the VMM); 0: every process
+  // Also the processes `tgid` forks from now on, and theirs (a VMM started by a wrapper or a
+  // shell): followed in the kernel (sched_process_fork).
+  bool follow_children = false;
   BpfAttach attach = BpfAttach::kAuto;
 };
 

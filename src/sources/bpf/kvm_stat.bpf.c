@@ -57,6 +57,16 @@ struct {
   __type(value, struct ks_thread);
 } ks_threads SEC(".maps");
 
+/* The processes counted besides target_tgid when cfg.follow_children: every process forked,
+ * directly or not, by target_tgid after the program was attached (`-- CMD` run through a
+ * wrapper or a shell). Fed by ks_fork; entries stay until the program is unloaded. */
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, KS_MAX_PIDS);
+  __type(key, __u32);
+  __type(value, __u8);
+} ks_pids SEC(".maps");
+
 struct {
   __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
   __uint(max_entries, 1);
@@ -556,11 +566,34 @@ static __noinline int feed(struct ks_thread* t, const struct rec* r, __u32 tid) 
   return 0;
 }
 
+/* Whether process tgid is counted: every process, target_tgid, or one it forked. */
+static __always_inline int counted(__u32 tgid) {
+  if (!cfg.target_tgid || tgid == cfg.target_tgid) return 1;
+  if (!cfg.follow_children) return 0;
+  return bpf_map_lookup_elem(&ks_pids, &tgid) != 0;
+}
+
+/* A fork by a counted process: the child process is counted too (a new thread of a counted
+ * process already is). raw_tp: the arguments, read through CO-RE; not on any exit's path. */
+SEC("raw_tp/sched_process_fork")
+int BPF_PROG(ks_fork, struct task_struct* parent, struct task_struct* child) {
+  const __u32 ptgid = bpf_get_current_pid_tgid() >> 32;
+  if (!cfg.follow_children || !counted(ptgid)) return 0;
+  __u32 ctgid = BPF_CORE_READ(child, tgid);
+  if (ctgid == ptgid) return 0;
+  __u8 one = 1;
+  if (bpf_map_update_elem(&ks_pids, &ctgid, &one, BPF_ANY) != 0) {
+    struct ks_counters* c = counters();
+    if (c) c->threads_full++;
+  }
+  return 0;
+}
+
 /* Common entry: the process filter and the thread's state; NULL when not counted. */
 static __always_inline struct ks_thread* thread_of(__u32 type, __u32* tid_out) {
   const __u64 pid_tgid = bpf_get_current_pid_tgid();
   const __u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
-  if (cfg.target_tgid && tgid != cfg.target_tgid) return 0;
+  if (!counted(tgid)) return 0;
   struct ks_counters* c = counters();
   if (c && type < KS_EV_COUNT) c->records[type]++;
   struct ks_thread* t = bpf_map_lookup_elem(&ks_threads, &tid);

@@ -16,9 +16,10 @@
 // exit; per watcher run also the kvm records it counted per second and the records it lost.
 // Printed: each run, the medians, the cost each watcher adds per exit and the ratio bpf / tracefs
 // of those costs. --vcpus N runs the guest on N vCPUs (N times the exit rate on N host CPUs): the
-// events/s each watcher takes in and whether tracefs loses records at that rate.
+// the events/s each watcher takes in and whether tracefs loses records at that rate;
+// --buffer-kb K gives kvm live K KiB per-CPU ring buffers (smaller: it loses sooner).
 //
-//   build/bench/kvm_bpf_overhead [--rounds N] [--iterations N] [--vcpus N]
+//   build/bench/kvm_bpf_overhead [--rounds N] [--iterations N] [--vcpus N] [--buffer-kb K]
 //
 // Without /dev/kvm, or without the exitscope binary, it prints one SKIP line and exits 0.
 #include <fcntl.h>
@@ -148,9 +149,11 @@ int main(int argc, char** argv) {
   int rounds = 5;
   uint64_t iterations = 20000;
   int vcpus = 1;
+  std::string buffer_kb;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if ((a == "--rounds" || a == "--iterations" || a == "--vcpus") && i + 1 < argc) {
+    if ((a == "--rounds" || a == "--iterations" || a == "--vcpus" || a == "--buffer-kb") &&
+        i + 1 < argc) {
       const long v = std::strtol(argv[++i], nullptr, 10);
       if (v < 1) {
         std::fprintf(stderr, "kvm_bpf_overhead: %s must be positive\n", a.c_str());
@@ -158,12 +161,16 @@ int main(int argc, char** argv) {
       }
       if (a == "--rounds")
         rounds = static_cast<int>(v);
+      else if (a == "--buffer-kb")
+        buffer_kb = std::to_string(v);
       else if (a == "--vcpus")
         vcpus = static_cast<int>(std::min(v, 16L));
       else
         iterations = static_cast<uint64_t>(v);
     } else {
-      std::fprintf(stderr, "usage: kvm_bpf_overhead [--rounds N] [--iterations N] [--vcpus N]\n");
+      std::fprintf(stderr,
+                   "usage: kvm_bpf_overhead [--rounds N] [--iterations N] [--vcpus N] "
+                   "[--buffer-kb K]\n");
       return 2;
     }
   }
@@ -180,8 +187,9 @@ int main(int argc, char** argv) {
   }
   const std::string self = std::to_string(::getpid());
   std::printf(
-      "guest mmio-storm, %llu iterations x 5 exits, %d vCPU(s), %d rounds, watchers -p %s\n",
-      static_cast<unsigned long long>(iterations), vcpus, rounds, self.c_str());
+      "guest mmio-storm, %llu iterations x 5 exits, %d vCPU(s), %d rounds, watchers -p %s%s\n",
+      static_cast<unsigned long long>(iterations), vcpus, rounds, self.c_str(),
+      buffer_kb.empty() ? "" : (", kvm live --buffer-kb " + buffer_kb).c_str());
   if (Guest(iterations, vcpus).ns_per_exit < 0) return 1;  // warm-up
 
   std::vector<double> ns[kModes], events_per_s[kModes], prog_ns_per_hit[kModes],
@@ -193,8 +201,10 @@ int main(int argc, char** argv) {
       const Mode m = static_cast<Mode>((r + k) % kModes);
       const bool bpf_mode = m == kBpfTp || m == kBpfBtf;
       Watcher w;
-      if (m == kTracefs && !w.Start({kBin, "kvm", "live", "-p", self, "--format", "json", "-d",
-                                     "3600", "--cumulative"})) {
+      std::vector<std::string> live = {kBin,       "kvm",  "live", "-p",   self,
+                                       "--format", "json", "-d",   "3600", "--cumulative"};
+      if (!buffer_kb.empty()) live.insert(live.end(), {"--buffer-kb", buffer_kb});
+      if (m == kTracefs && !w.Start(live)) {
         std::printf("tracefs: not measured (kvm live did not start)\n");
         return 1;
       }

@@ -1,21 +1,25 @@
-// kvm_bpf_overhead: what watching KVM exits from the kernel costs per exit, three ways, on the
+// kvm_bpf_overhead: what watching KVM exits from the kernel costs per exit, four ways, on the
 // same exit-heavy guest in one run:
 //
 //   none     the guest alone (nothing attached to the kvm tracepoints)
 //   tracefs  `exitscope kvm live -p PID`: every kvm:* event streamed through tracefs ring
 //            buffers, drained every 10 ms and paired in userspace
-//   bpf      `exitscope kvm stat --bpf -p PID`: the eBPF program pairs and aggregates in the
-//            kernel, userspace reads the maps at the end
+//   bpf-tp   `exitscope kvm stat --bpf --bpf-attach tracepoint -p PID`: the eBPF program on
+//            classic tracepoints (the kernel builds each trace record) pairs and aggregates
+//            in the kernel, userspace reads the maps at the end
+//   bpf-btf  the same program on BTF-typed raw tracepoints (--bpf-attach tp_btf: no record)
 //
 // The guest (mmio-storm: MMIO and PIO register accesses, five userspace exits per iteration)
 // runs in this process, unrecorded, while the watcher (the real exitscope binary) runs beside
-// it, filtered on this process. Modes rotate every round (none, tracefs, bpf; then tracefs,
-// bpf, none; ...) so drift hits all three alike. Per run: wall time per userspace exit; per
-// watcher run also the kvm records it counted per second and the records it lost. Printed:
-// each run, the medians, the cost each watcher adds per exit and the ratio bpf / tracefs of
-// those costs.
+// it, filtered on this process. Modes rotate every round (none, tracefs, bpf-tp, bpf-btf; then
+// tracefs, bpf-tp, bpf-btf, none; ...) so drift hits all alike. Per run: wall time per userspace
+// exit; per watcher run also the kvm records it counted per second and the records it lost.
+// Printed: each run, the medians, the cost each watcher adds per exit and the ratio bpf / tracefs
+// of those costs. --vcpus N runs the guest on N vCPUs (N times the exit rate on N host CPUs): the
+// the events/s each watcher takes in and whether tracefs loses records at that rate;
+// --buffer-kb K gives kvm live K KiB per-CPU ring buffers (smaller: it loses sooner).
 //
-//   build/bench/kvm_bpf_overhead [--rounds N] [--iterations N]
+//   build/bench/kvm_bpf_overhead [--rounds N] [--iterations N] [--vcpus N] [--buffer-kb K]
 //
 // Without /dev/kvm, or without the exitscope binary, it prints one SKIP line and exits 0.
 #include <fcntl.h>
@@ -49,11 +53,11 @@ struct RunResult {
   uint64_t exits = 0;
 };
 
-RunResult Guest(uint64_t iterations) {
+RunResult Guest(uint64_t iterations, int vcpus) {
   VmmConfig c;
   c.guest = "mmio-storm";
   c.guest_arg = iterations;
-  c.vcpus = 1;
+  c.vcpus = vcpus;
   c.record = false;
   c.serial_quiet = true;
   c.write_dump = false;
@@ -136,17 +140,20 @@ double Median(std::vector<double> v) {
                         : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
-enum Mode { kNone = 0, kTracefs, kBpf };
-const char* const kModeNames[] = {"none", "tracefs", "bpf"};
+enum Mode { kNone = 0, kTracefs, kBpfTp, kBpfBtf, kModes };
+const char* const kModeNames[] = {"none", "tracefs", "bpf-tp", "bpf-btf"};
 
 }  // namespace
 
 int main(int argc, char** argv) {
   int rounds = 5;
   uint64_t iterations = 20000;
+  int vcpus = 1;
+  std::string buffer_kb;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if ((a == "--rounds" || a == "--iterations") && i + 1 < argc) {
+    if ((a == "--rounds" || a == "--iterations" || a == "--vcpus" || a == "--buffer-kb") &&
+        i + 1 < argc) {
       const long v = std::strtol(argv[++i], nullptr, 10);
       if (v < 1) {
         std::fprintf(stderr, "kvm_bpf_overhead: %s must be positive\n", a.c_str());
@@ -154,10 +161,16 @@ int main(int argc, char** argv) {
       }
       if (a == "--rounds")
         rounds = static_cast<int>(v);
+      else if (a == "--buffer-kb")
+        buffer_kb = std::to_string(v);
+      else if (a == "--vcpus")
+        vcpus = static_cast<int>(std::min(v, 16L));
       else
         iterations = static_cast<uint64_t>(v);
     } else {
-      std::fprintf(stderr, "usage: kvm_bpf_overhead [--rounds N] [--iterations N]\n");
+      std::fprintf(stderr,
+                   "usage: kvm_bpf_overhead [--rounds N] [--iterations N] [--vcpus N] "
+                   "[--buffer-kb K]\n");
       return 2;
     }
   }
@@ -173,27 +186,35 @@ int main(int argc, char** argv) {
     return 0;
   }
   const std::string self = std::to_string(::getpid());
-  std::printf("guest mmio-storm, %llu iterations x 5 exits, 1 vCPU, %d rounds, watchers -p %s\n",
-              static_cast<unsigned long long>(iterations), rounds, self.c_str());
-  if (Guest(iterations).ns_per_exit < 0) return 1;  // warm-up
+  std::printf(
+      "guest mmio-storm, %llu iterations x 5 exits, %d vCPU(s), %d rounds, watchers -p %s%s\n",
+      static_cast<unsigned long long>(iterations), vcpus, rounds, self.c_str(),
+      buffer_kb.empty() ? "" : (", kvm live --buffer-kb " + buffer_kb).c_str());
+  if (Guest(iterations, vcpus).ns_per_exit < 0) return 1;  // warm-up
 
-  std::vector<double> ns[3], events_per_s[3], prog_ns_per_hit, prog_ns_per_exit;
-  uint64_t lost[3] = {};
+  std::vector<double> ns[kModes], events_per_s[kModes], prog_ns_per_hit[kModes],
+      prog_ns_per_exit[kModes];
+  uint64_t lost[kModes] = {};
+  std::string attachment[kModes];
   for (int r = 0; r < rounds; ++r) {
-    for (int k = 0; k < 3; ++k) {
-      const Mode m = static_cast<Mode>((r + k) % 3);
+    for (int k = 0; k < kModes; ++k) {
+      const Mode m = static_cast<Mode>((r + k) % kModes);
+      const bool bpf_mode = m == kBpfTp || m == kBpfBtf;
       Watcher w;
-      if (m == kTracefs && !w.Start({kBin, "kvm", "live", "-p", self, "--format", "json", "-d",
-                                     "3600", "--cumulative"})) {
+      std::vector<std::string> live = {kBin,       "kvm",  "live", "-p",   self,
+                                       "--format", "json", "-d",   "3600", "--cumulative"};
+      if (!buffer_kb.empty()) live.insert(live.end(), {"--buffer-kb", buffer_kb});
+      if (m == kTracefs && !w.Start(live)) {
         std::printf("tracefs: not measured (kvm live did not start)\n");
         return 1;
       }
-      if (m == kBpf &&
-          !w.Start({kBin, "kvm", "stat", "--bpf", "--bpf-stats", "-p", self, "--format", "json"})) {
-        std::printf("bpf: not measured (kvm stat --bpf did not start)\n");
+      if (bpf_mode &&
+          !w.Start({kBin, "kvm", "stat", "--bpf", "--bpf-stats", "--bpf-attach",
+                    m == kBpfTp ? "tracepoint" : "tp_btf", "-p", self, "--format", "json"})) {
+        std::printf("%s: not measured (kvm stat --bpf did not start)\n", kModeNames[m]);
         return 1;
       }
-      const RunResult g = Guest(iterations);
+      const RunResult g = Guest(iterations, vcpus);
       if (g.ns_per_exit < 0) return 1;
       std::string extra;
       if (m != kNone) {
@@ -202,9 +223,10 @@ int main(int argc, char** argv) {
           std::printf("%s: no report from the watcher\n", kModeNames[m]);
           return 1;
         }
-        if (m == kBpf &&
+        if (bpf_mode &&
             j.at("input").at("format").get<std::string>().find("eBPF") == std::string::npos) {
-          std::printf("bpf: kvm stat fell back to tracefs (BPF not possible here)\n");
+          std::printf("%s: kvm stat fell back to tracefs (BPF not possible here): %s\n",
+                      kModeNames[m], w.err().c_str());
           return 1;
         }
         const uint64_t records = j["pairing"]["records_total"].get<uint64_t>();
@@ -217,12 +239,17 @@ int main(int argc, char** argv) {
                 std::to_string(lost_now);
         // kvm stat --bpf-stats: "BPF programs ran N times, X ns per run (kernel run time)"
         const size_t at = w.err().find("ns per run");
-        if (m == kBpf && at != std::string::npos) {
+        if (bpf_mode && at != std::string::npos) {
           const size_t from = w.err().rfind(", ", at);
           const double per_run = std::strtod(w.err().c_str() + from + 2, nullptr);
-          prog_ns_per_hit.push_back(per_run);
-          prog_ns_per_exit.push_back(per_run * static_cast<double>(records) /
-                                     static_cast<double>(g.exits));
+          prog_ns_per_hit[m].push_back(per_run);
+          prog_ns_per_exit[m].push_back(per_run * static_cast<double>(records) /
+                                        static_cast<double>(g.exits));
+          const size_t as = w.err().find("attached as ", at);
+          if (as != std::string::npos) {
+            attachment[m] = w.err().substr(as + 12);
+            while (!attachment[m].empty() && attachment[m].back() == '\n') attachment[m].pop_back();
+          }
           extra += ", program " + std::to_string(per_run).substr(0, 6) + " ns/hit";
         }
       }
@@ -232,26 +259,28 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
   }
-  const double none = Median(ns[kNone]), tfs = Median(ns[kTracefs]), bpf = Median(ns[kBpf]);
+  const double none = Median(ns[kNone]), tfs = Median(ns[kTracefs]);
   std::printf("median none     %10.1f ns/exit\n", none);
-  std::printf(
-      "median tracefs  %10.1f ns/exit  (+%.1f ns/exit, ratio %.4f)  %.0f events/s, "
-      "lost %llu\n",
-      tfs, tfs - none, tfs / none, Median(events_per_s[kTracefs]),
-      static_cast<unsigned long long>(lost[kTracefs]));
-  std::printf(
-      "median bpf      %10.1f ns/exit  (+%.1f ns/exit, ratio %.4f)  %.0f events/s, "
-      "lost %llu\n",
-      bpf, bpf - none, bpf / none, Median(events_per_s[kBpf]),
-      static_cast<unsigned long long>(lost[kBpf]));
-  if (!prog_ns_per_hit.empty()) {
+  for (int m = kTracefs; m < kModes; ++m) {
+    const double v = Median(ns[m]);
     std::printf(
-        "bpf programs (kernel run time, BPF_ENABLE_STATS): %.1f ns per tracepoint hit, "
-        "%.1f ns per exit\n",
-        Median(prog_ns_per_hit), Median(prog_ns_per_exit));
+        "median %-8s %10.1f ns/exit  (+%.1f ns/exit, ratio %.4f)  %.0f events/s, lost %llu\n",
+        kModeNames[m], v, v - none, v / none, Median(events_per_s[m]),
+        static_cast<unsigned long long>(lost[m]));
+  }
+  for (int m = kBpfTp; m < kModes; ++m) {
+    if (prog_ns_per_hit[m].empty()) continue;
+    std::printf(
+        "%s programs (kernel run time, BPF_ENABLE_STATS): %.1f ns per tracepoint hit, "
+        "%.1f ns per exit; attached as %s\n",
+        kModeNames[m], Median(prog_ns_per_hit[m]), Median(prog_ns_per_exit[m]),
+        attachment[m].c_str());
   }
   if (tfs - none > 0) {
-    std::printf("bpf cost / tracefs cost %.3f\n", (bpf - none) / (tfs - none));
+    for (int m = kBpfTp; m < kModes; ++m) {
+      std::printf("%s cost / tracefs cost %.3f\n", kModeNames[m],
+                  (Median(ns[m]) - none) / (tfs - none));
+    }
   }
   return 0;
 }

@@ -99,6 +99,25 @@ void ExitGrouper::Add(ExitRow& row, const ExitEvent& e) noexcept {
   t.time_ns += e.duration_ns;
 }
 
+void ExitGrouper::Add(ExitRow& row, const ExitEvent& e, const SampleBatch& b) noexcept {
+  ExitTable& t = *table_;
+  uint64_t timed = 0;
+  if (b.timed != 0) {
+    const uint64_t before = row.stats.count();
+    row.stats.MergeBuckets(b.buckets, b.sum, b.min, b.max, b.sum_squares);
+    timed = row.stats.count() - before;
+    t.time_ns += b.sum;
+  }
+  const uint64_t n = timed + b.untimed;
+  t.samples += n;
+  row.untimed += b.untimed;
+  t.untimed += b.untimed;
+  if (e.kernel_access || !e.userspace) {
+    row.in_kernel += n;
+    t.in_kernel += n;
+  }
+}
+
 std::string TargetName(const ExitEvent& e) {
   if (!HasTarget(e)) return std::string(e.reason);
   if (e.device.empty()) return "unassigned " + Hex(e.subkey);

@@ -20,9 +20,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "analysis/histogram.h"
@@ -69,6 +71,17 @@ struct RowText {
   std::string name;
 };
 
+// Samples of one key counted elsewhere (the in-kernel maps of `kvm stat --bpf`): the timed
+// ones as LatencyHistogram bucket counts with their sum, min, max and sum of squares
+// (LatencyStats::MergeBuckets), and the number without a time.
+struct SampleBatch {
+  std::span<const std::pair<uint32_t, uint64_t>> buckets;  // (bucket, count)
+  uint64_t timed = 0;  // as the source counted them (the row counts what the buckets hold)
+  uint64_t sum = 0, min = 0, max = 0;
+  long double sum_squares = 0;
+  uint64_t untimed = 0;
+};
+
 // Indexes one ExitTable by RowKey. Rows are heap objects (a LatencyStats is ~30 KiB) that
 // never move: a pointer to one stays valid while the table lives, whatever is added or sorted.
 class ExitGrouper {
@@ -92,6 +105,9 @@ class ExitGrouper {
   ExitRow* Find(const RowKey& key) const;
   // Counts `e` as one sample of `row` and of the table (see the file comment).
   void Add(ExitRow& row, const ExitEvent& e) noexcept;
+  // Counts a batch of samples of the exit `e` stands for (its duration and end unused) into
+  // `row` and the table, as Add() would count each of them.
+  void Add(ExitRow& row, const ExitEvent& e, const SampleBatch& b) noexcept;
   ExitTable& table() noexcept { return *table_; }
 
  private:

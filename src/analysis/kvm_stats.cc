@@ -65,6 +65,12 @@ void KvmAggregator::Reset() {
   all_ = std::make_unique<ExitGrouper>(&analysis_.all);
 }
 
+KvmAnalysis KvmAggregator::TakeAnalysis() {
+  KvmAnalysis out = std::move(analysis_);
+  Reset();
+  return out;
+}
+
 bool KvmAggregator::Classify(const ExitEvent& e, RowKey* key) const {
   switch (options_.event) {
     case KvmEventClass::kVmexit:
@@ -138,9 +144,10 @@ std::string KvmAggregator::NameText(const ExitEvent& e) const {
   }
 }
 
-void KvmAggregator::Add(ExitGrouper& g, const RowKey& key, const ExitEvent& e) {
+template <class... Batch>
+void KvmAggregator::Add(ExitGrouper& g, const RowKey& key, const ExitEvent& e, const Batch&... b) {
   ExitRow& row = g.Row(key, [&] { return RowText{KeyText(key), NameText(e)}; });
-  g.Add(row, e);
+  g.Add(row, e, b...);
 }
 
 ExitGrouper& KvmAggregator::VmGroup(int64_t vm) {
@@ -166,10 +173,10 @@ ExitGrouper& KvmAggregator::VcpuGroup(int64_t vm, int64_t vcpu) {
 
 bool KvmAggregator::Counts(const ExitEvent& e) const {
   RowKey key;
-  return Keep(e, &key);
+  return Keeps(e, &key);
 }
 
-bool KvmAggregator::Keep(const ExitEvent& e, RowKey* key) const {
+bool KvmAggregator::Keeps(const ExitEvent& e, RowKey* key) const {
   const bool exit_class =
       options_.event == KvmEventClass::kVmexit || options_.event == KvmEventClass::kUserspace;
   return !(e.kernel_access && exit_class) && Classify(e, key) &&
@@ -177,22 +184,28 @@ bool KvmAggregator::Keep(const ExitEvent& e, RowKey* key) const {
          !(options_.pid >= 0 && e.vm != options_.pid && e.tid != options_.pid);
 }
 
+bool KvmAggregator::Admit(const ExitEvent& e, RowKey* key, uint64_t n) {
+  const bool keep = Keeps(e, key);
+  if (e.kernel_access) {
+    analysis_.kernel_accesses_seen += n;
+    if (!keep) analysis_.kernel_accesses_skipped += n;
+  } else {
+    analysis_.exits_seen += n;
+    if (!keep) analysis_.exits_filtered += n;
+  }
+  return keep;
+}
+
+bool KvmAggregator::RowKeyText(const ExitEvent& e, std::string* text) const {
+  RowKey key;
+  if (!Keeps(e, &key)) return false;
+  *text = KeyText(key);
+  return true;
+}
+
 void KvmAggregator::OnExit(const ExitEvent& e) {
   RowKey key;
-  const bool keep = Keep(e, &key);
-  if (e.kernel_access) {
-    ++analysis_.kernel_accesses_seen;
-    if (!keep) {
-      ++analysis_.kernel_accesses_skipped;
-      return;
-    }
-  } else {
-    ++analysis_.exits_seen;
-    if (!keep) {
-      ++analysis_.exits_filtered;
-      return;
-    }
-  }
+  if (!Admit(e, &key, 1)) return;
   if (e.end == ExitEnd::kOpenAtEnd) {
     ++analysis_.open_at_end;
     if (analysis_.open_exits.size() < KvmAnalysis::kMaxOpenExitsKept) {
@@ -212,6 +225,14 @@ void KvmAggregator::OnExit(const ExitEvent& e) {
       options_.on_slow(e, text);
     }
   }
+}
+
+void KvmAggregator::OnSamples(const ExitEvent& e, const SampleBatch& b) {
+  RowKey key;
+  if (!Admit(e, &key, b.timed + b.untimed)) return;
+  Add(*all_, key, e, b);
+  if (options_.per_vm) Add(VmGroup(e.vm), key, e, b);
+  if (options_.per_vcpu) Add(VcpuGroup(e.vm, e.vcpu), key, e, b);
 }
 
 void KvmAggregator::Finish() {

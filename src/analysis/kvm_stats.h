@@ -96,6 +96,13 @@ class KvmAggregator final : public EventSink {
  public:
   explicit KvmAggregator(KvmAnalysisOptions options);
   void OnExit(const ExitEvent& e) override;
+  // Samples of one exit key aggregated elsewhere (an entry of `kvm stat --bpf`'s in-kernel
+  // maps): `e` is the exit they all are (duration and end unused), counted, classified and
+  // filtered as b.timed + b.untimed calls of OnExit would be.
+  void OnSamples(const ExitEvent& e, const SampleBatch& b);
+  // The printed key of the row `e` belongs to; false when the class or the filters leave it
+  // out. Counts nothing (an exit still in flight, shown beside a refresh).
+  bool RowKeyText(const ExitEvent& e, std::string* text) const;
   // Sorts the breakdowns; call once the source is done (idempotent).
   void Finish();
   const KvmAnalysis& analysis() const noexcept { return analysis_; }
@@ -105,15 +112,20 @@ class KvmAggregator final : public EventSink {
   bool Counts(const ExitEvent& e) const;
   // Clears every row (live mode: one interval at a time).
   void Reset();
+  // Moves the analysis out (call Finish() first); the aggregator is then empty, as Reset().
+  KvmAnalysis TakeAnalysis();
 
  private:
   // perf's event classes are the key functions: Classify says whether an exit is in the class
   // and gives its RowKey (the reason, or the sub-key and direction), KeyText prints it.
   bool Classify(const ExitEvent& e, RowKey* key) const;
-  bool Keep(const ExitEvent& e, RowKey* key) const;  // Counts, and the row's key
   std::string KeyText(const RowKey& key) const;
   std::string NameText(const ExitEvent& e) const;
-  void Add(ExitGrouper& g, const RowKey& key, const ExitEvent& e);
+  bool Keeps(const ExitEvent& e, RowKey* key) const;  // Counts, and the row's key
+  // Counts n samples of `e` as seen; true when they belong in the rows.
+  bool Admit(const ExitEvent& e, RowKey* key, uint64_t n);
+  template <class... Batch>
+  void Add(ExitGrouper& g, const RowKey& key, const ExitEvent& e, const Batch&... b);
   ExitGrouper& VmGroup(int64_t vm);
   ExitGrouper& VcpuGroup(int64_t vm, int64_t vcpu);
 

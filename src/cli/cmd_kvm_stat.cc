@@ -3,15 +3,17 @@
 //   exitscope kvm stat --bpf [--event ...] [-p PID] [--vcpu N] [-k KEY] [--percentiles]
 //                      [--per-vcpu] [--per-vm] [--histogram] [--format table|json|csv]
 //                      [--device-map FILE] [--pvm-numbering upstream|fork]
-//                      [--duration S] [-d SECS] [-- CMD ARGS...]
+//                      [--duration S] [-d SECS] [--metrics ADDR:PORT] [-- CMD ARGS...]
 //
 // The program (src/sources/bpf/kvm_stat.bpf.c) pairs the kvm tracepoints per vCPU thread as
 // KvmPairer does and keeps per-key histograms in BPF maps: no event reaches userspace. This
 // command reads the maps every -d SECS (cumulative) and at the end, and renders them with
-// `kvm report`'s table / JSON / CSV. With CMD it starts CMD, counts only its process, and
-// stops when it exits; else it runs for --duration S or until Ctrl-C. Without BPF (not built,
+// `kvm report`'s table / JSON / CSV. With CMD it starts CMD, counts its process and the
+// processes it forks (followed in the kernel: a VMM behind a wrapper or a shell), and
+// stops when CMD exits; else it runs for --duration S or until Ctrl-C. Without BPF (not built,
 // no BTF, no permission, no kvm tracepoints) it says so in one line and streams the same
-// tracepoints from tracefs instead, as `kvm live` does. docs/kvm-bpf.md.
+// tracepoints from tracefs instead, as `kvm live` does. --metrics serves the maps as
+// Prometheus metrics, read at each scrape (kvm_stat_metrics.h). docs/kvm-bpf.md.
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -30,7 +32,10 @@
 #include "analysis/kvm_stats.h"
 #include "cli/commands.h"
 #include "cli/kvm_flags.h"
+#include "cli/kvm_live_metrics.h"
+#include "cli/kvm_stat_metrics.h"
 #include "cli/parse_args.h"
+#include "exitscope/metrics.h"
 #include "fmt/format.h"
 #include "report/format.h"
 #include "report/kvm_report.h"
@@ -128,7 +133,9 @@ struct StatRun {
   double duration = 0;  // --duration: 0 = until CMD exits / Ctrl-C
   std::vector<std::string> cmd;
   std::string tracefs_dir;
-  bool bpf_stats = false;  // --bpf-stats
+  bool bpf_stats = false;           // --bpf-stats
+  std::string metrics_listen;       // --metrics
+  std::string bpf_attach = "auto";  // --bpf-attach
   analysis::KvmAnalysisOptions aopts;
   report::KvmRenderOptions ropts;
   sources::KvmPairerOptions popts;
@@ -242,6 +249,14 @@ int RunBpf(StatRun& run, sources::bpf::BpfKvmStat& bpf) {
     std::fflush(stdout);
   };
 
+  std::unique_ptr<KvmStatMetrics> metrics;  // reads the maps at each scrape
+  if (!run.metrics_listen.empty()) {
+    auto m = KvmStatMetrics::Start(run.metrics_listen, &bpf, bo, run.popts.devices != nullptr);
+    if (!m) return ReportError(run.self, m.error());
+    metrics = std::move(*m);
+    std::fprintf(stderr, "%s: metrics on http://%s/metrics\n", run.self,
+                 metrics->address().c_str());
+  }
   if (run.bpf_stats) {
     if (Status st = bpf.EnableRunTimeStats(); !st) {
       std::fprintf(stderr, "%s: --bpf-stats: %s\n", run.self, st.error().message.c_str());
@@ -265,9 +280,12 @@ int RunBpf(StatRun& run, sources::bpf::BpfKvmStat& bpf) {
   bpf.Detach();
   StopChild(run);
   if (run.bpf_stats && rt.runs != 0) {
-    std::fprintf(stderr, "%s: BPF programs ran %llu times, %.1f ns per run (kernel run time)\n",
+    std::fprintf(stderr,
+                 "%s: BPF programs ran %llu times, %.1f ns per run (kernel run time); attached "
+                 "as %s\n",
                  run.self, static_cast<unsigned long long>(rt.runs),
-                 static_cast<double>(rt.ns) / static_cast<double>(rt.runs));
+                 static_cast<double>(rt.ns) / static_cast<double>(rt.runs),
+                 bpf.attachment().c_str());
   }
   if (!failure) return ReportError(run.self, failure.error());
   auto snap = bpf.Read();
@@ -295,7 +313,15 @@ int RunTracefs(StatRun& run) {
   const uint64_t lag = tsc_khz ? tsc_khz * 50 : 50'000'000;  // 50 ms
 
   analysis::KvmAggregator agg(run.aopts);
-  sources::KvmPairer pairer(run.popts, &agg);
+  std::unique_ptr<KvmLiveMetrics> metrics;  // a tee in front of the aggregator, as kvm live
+  if (!run.metrics_listen.empty()) {
+    auto m = KvmLiveMetrics::Start(run.metrics_listen, &agg, 0, run.popts.devices != nullptr);
+    if (!m) return ReportError(run.self, m.error());
+    metrics = std::move(*m);
+    std::fprintf(stderr, "%s: metrics on http://%s/metrics\n", run.self,
+                 metrics->address().c_str());
+  }
+  sources::KvmPairer pairer(run.popts, metrics ? static_cast<EventSink*>(metrics.get()) : &agg);
   sources::KvmLiveFeeder merger(tep->get(), &pairer, lag);
   sources::RawPageDecoder pages(tep->get());
   auto sink = [&](int cpu, const uint8_t* page, size_t size) -> Status {
@@ -340,6 +366,7 @@ int RunTracefs(StatRun& run) {
           return false;
         }
         merger.Flush(false);
+        if (metrics) metrics->SetLostEvents(pages.lost_events());
         return true;
       },
       [&] { print(false); });
@@ -376,7 +403,9 @@ int KvmStatMain(int argc, char** argv) {
       "KVM exit statistics aggregated in the kernel by an eBPF program (--bpf): per-key counts "
       "and latency histograms in BPF maps, no event streamed to userspace. Prints `exitscope "
       "kvm report`'s table at the end (and every -d SECS). Without BPF it says so in one line "
-      "and streams the tracepoints from tracefs instead (as `kvm live`). docs/kvm-bpf.md.\n"
+      "and streams the tracepoints from tracefs instead (as `kvm live`). With -- CMD it counts "
+      "CMD and every process CMD forks (a VMM started by a shell or a wrapper). "
+      "docs/kvm-bpf.md.\n"
       "usage: exitscope kvm stat --bpf [options] [-- CMD ARGS...]",
       run.self};
   bool use_bpf = false;
@@ -410,9 +439,21 @@ int KvmStatMain(int argc, char** argv) {
   app.add_flag("--bpf-stats", run.bpf_stats,
                "print the programs' own run time per tracepoint hit at the end (the kernel's "
                "BPF_ENABLE_STATS, on for this run only)");
+  app.add_option("--metrics", run.metrics_listen,
+                 "also serve the exits as Prometheus metrics on http://ADDR:PORT/metrics, read "
+                 "from the maps at each scrape (:PORT = 127.0.0.1:PORT; docs/prometheus.md)");
+  app.add_option("--bpf-attach", run.bpf_attach,
+                 "auto | tp_btf | tracepoint: BTF-typed raw tracepoints where the kernel's "
+                 "prototypes allow (auto falls back to classic tracepoints if refused), or "
+                 "classic tracepoints only")
+      ->check(CLI::IsMember({"auto", "tp_btf", "tracepoint"}));
   app.add_option("--tracefs", run.tracefs_dir,
                  "tracefs mount point (default: $EXITSCOPE_TRACEFS or /sys/kernel/tracing)");
   if (auto rc = ParseArgs(app, own_argc, argv)) return *rc;
+  if (!run.metrics_listen.empty()) {
+    if (auto l = ParseMetricsListen(run.metrics_listen); !l)
+      return UsageError(run.self, "--" + l.error().message);
+  }
   if (f.pid > 0 && !run.cmd.empty()) {
     return UsageError(run.self, "-p and a command after -- exclude each other");
   }
@@ -431,7 +472,13 @@ int KvmStatMain(int argc, char** argv) {
     sources::bpf::BpfKvmOptions bo;
     bo.tracefs_dir = run.tracefs_dir;
     if (f.pid > 0) bo.tgid = static_cast<uint32_t>(f.pid);
-    if (!run.cmd.empty()) bo.tgid = static_cast<uint32_t>(run.child.pid());
+    if (!run.cmd.empty()) {
+      bo.tgid = static_cast<uint32_t>(run.child.pid());
+      bo.follow_children = true;  // CMD's children too, as the tracefs path (event-fork)
+    }
+    bo.attach = run.bpf_attach == "tp_btf"       ? sources::bpf::BpfAttach::kTpBtf
+                : run.bpf_attach == "tracepoint" ? sources::bpf::BpfAttach::kTracepoint
+                                                 : sources::bpf::BpfAttach::kAuto;
     auto bpf = sources::bpf::BpfKvmStat::Open(bo);
     if (bpf) return RunBpf(run, **bpf);
     std::fprintf(stderr, "%s: --bpf not possible here: %s; streaming from tracefs instead\n",

@@ -12,6 +12,8 @@
 // Skips with the reason printed without /dev/kvm, without tracefs or where BPF is not
 // possible (not built, no BTF, no permission).
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "../metrics/metrics_text.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "sources/tracefs_session.h"
@@ -73,6 +76,21 @@ Ran RunCmd(const std::vector<std::string>& argv) {
   ::unlink(out_tmpl);
   ::unlink(err_tmpl);
   return r;
+}
+
+uint16_t FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (fd >= 0) ::close(fd);
+    return 0;
+  }
+  ::close(fd);
+  return ntohs(a.sin_port);
 }
 
 // The kvm report JSON document in `text`: one line (kvm stat) or the whole text (kvm report).
@@ -165,7 +183,9 @@ class BpfKvmStatTest : public ::testing::Test {
       EXPECT_EQ(before_->Diff(*after), std::vector<std::string>{}) << "tracefs not restored";
     }
     if (!tmp_.empty()) {
-      for (const char* f : {"/guest.dat", "/serial.txt", "/disk.img"}) ::unlink((tmp_ + f).c_str());
+      for (const char* f :
+           {"/guest.dat", "/serial.txt", "/disk.img", "/map.esdump", "/out.txt", "/err.txt"})
+        ::unlink((tmp_ + f).c_str());
       ::rmdir(tmp_.c_str());
     }
   }
@@ -175,7 +195,10 @@ class BpfKvmStatTest : public ::testing::Test {
     nlohmann::json bpf, tracefs;
     VmmCounts vmm;
   };
-  Seen RunGuest(const std::string& guest, const std::string& arg, const std::string& event) {
+  // via_shell: the VMM is a child of `sh -c '...; true'` (not exec'd by the shell), so
+  // `kvm stat` counts it only by following CMD's children.
+  Seen RunGuest(const std::string& guest, const std::string& arg, const std::string& event,
+                bool via_shell = false) {
     Seen s;
     const std::string dat = tmp_ + "/guest.dat";
     std::vector<std::string> cmd = {kBin,       "kvm",
@@ -195,6 +218,13 @@ class BpfKvmStatTest : public ::testing::Test {
       cmd.push_back("--guest-arg");
       cmd.push_back(arg);
     }
+    if (via_shell) {
+      auto vmm = std::find(cmd.begin() + 8, cmd.end(), "--") + 1;  // kvm stat's CMD
+      std::string line;
+      for (auto it = vmm; it != cmd.end(); ++it) line += "'" + *it + "' ";
+      cmd.erase(vmm, cmd.end());
+      cmd.insert(cmd.end(), {"/bin/sh", "-c", line + "; true"});
+    }
     Ran r = RunCmd(cmd);
     EXPECT_EQ(r.status, 0) << r.out << r.err;
     EXPECT_EQ(r.err.find("not possible"), std::string::npos) << r.err;
@@ -211,9 +241,9 @@ class BpfKvmStatTest : public ::testing::Test {
 
   // Per reason: each KVM_EXIT_* row (plus the exits of that reason open at the end) is the
   // VMM's own count of that kind, and every row equals the tracefs path's.
-  void CheckReasons(const std::string& guest, const std::string& arg) {
-    SCOPED_TRACE(guest);
-    Seen s = RunGuest(guest, arg, "userspace");
+  void CheckReasons(const std::string& guest, const std::string& arg, bool via_shell = false) {
+    SCOPED_TRACE(guest + (via_shell ? " via sh -c" : ""));
+    Seen s = RunGuest(guest, arg, "userspace", via_shell);
     if (HasFailure()) return;
     const auto bpf = Rows(s.bpf), tfs = Rows(s.tracefs);
     const auto bpf_open = OpenAtEnd(s.bpf), tfs_open = OpenAtEnd(s.tracefs);
@@ -253,6 +283,11 @@ TEST_F(BpfKvmStatTest, MmioStormReasonsEqualTheVmmsAndTracefsCounts) {
   CheckReasons("mmio-storm", "2000");
 }
 
+// -- CMD with the VMM a child of CMD (a shell, a wrapper): the program follows CMD's forks.
+TEST_F(BpfKvmStatTest, CmdsChildrenAreCountedToo) {
+  CheckReasons("mmio-storm", "2000", /*via_shell=*/true);
+}
+
 TEST_F(BpfKvmStatTest, MmioStormPortsAndAddressesEqualTheVmmsAndTracefsCounts) {
   CheckKeys("mmio-storm", "2000", "ioport");
   CheckKeys("mmio-storm", "2000", "mmio");
@@ -267,6 +302,127 @@ TEST_F(BpfKvmStatTest, BlkPortsAndAddressesEqualTheVmmsAndTracefsCounts) {
   CheckKeys("blk", "", "mmio");
 }
 
+// --metrics: while `kvm stat --bpf` counts a real guest, /metrics (fetched over HTTP) has the
+// guest's MMIO exits by device and register (named by a dump of the same guest as
+// --device-map), read from the maps; the series grow between scrapes.
+TEST_F(BpfKvmStatTest, MetricsEndpointServesTheGuestsRegistersDuringTheRun) {
+  const std::string map = tmp_ + "/map.esdump";
+  Ran d = RunCmd({kBin, "run", "--guest", "mmio-storm", "--guest-arg", "10", "--vcpus", "1",
+                  "--dump", map, "--serial", tmp_ + "/serial.txt"});
+  ASSERT_EQ(d.status, 0) << d.err;
+  const uint16_t port = FreePort();
+  ASSERT_NE(port, 0);
+  const std::string out = tmp_ + "/out.txt", err = tmp_ + "/err.txt";
+  const std::vector<std::string> argv = {kBin,
+                                         "kvm",
+                                         "stat",
+                                         "--bpf",
+                                         "--event",
+                                         "mmio",
+                                         "--device-map",
+                                         map,
+                                         "--metrics",
+                                         "127.0.0.1:" + std::to_string(port),
+                                         "--",
+                                         kBin,
+                                         "run",
+                                         "--guest",
+                                         "mmio-storm",
+                                         "--guest-arg",
+                                         "200000",
+                                         "--vcpus",
+                                         "1",
+                                         "--no-dump",
+                                         "--duration",
+                                         "3",
+                                         "--serial",
+                                         tmp_ + "/serial.txt"};
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ::dup2(o, 1);
+    ::dup2(e, 2);
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  ASSERT_GT(pid, 0);
+  int st = 0;
+  bool exited = false;
+  double first = 0, last = 0;  // MMIO exits to named registers, first and last scrape with any
+  std::string page, labels;
+  while (!exited) {
+    if (::waitpid(pid, &st, WNOHANG) == pid) {
+      exited = true;
+      break;
+    }
+    if (auto body = exitscope::testing::HttpGet("127.0.0.1", port, "/metrics")) {
+      std::string error;
+      const auto samples = exitscope::testing::ParseExposition(*body, &error);
+      ASSERT_TRUE(error.empty()) << error << "\n" << *body;
+      double named = 0;
+      for (const auto& s : exitscope::testing::Select(
+               samples, "exitscope_exit_duration_seconds_count", {{"kind", "MMIO"}})) {
+        const std::string dev = s.labels.count("device") ? s.labels.at("device") : "";
+        const std::string reg = s.labels.count("register") ? s.labels.at("register") : "";
+        if (dev.empty() || dev == "unassigned" || reg.empty()) continue;
+        named += s.value;
+        labels = dev + "." + reg;
+      }
+      if (named > 0) {
+        if (first == 0) first = named;
+        last = named;
+        page = *body;
+      }
+    }
+    ::usleep(300'000);
+  }
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << ReadFile(err);
+  EXPECT_NE(ReadFile(err).find("metrics on http://127.0.0.1:" + std::to_string(port)),
+            std::string::npos)
+      << ReadFile(err);
+  EXPECT_GT(first, 0) << "no MMIO series with a device and register during the run\n"
+                      << ReadFile(err);
+  EXPECT_GT(last, first) << "the series did not grow between scrapes: " << labels << "\n" << page;
+}
+
+// Where BPF is not possible (here: the kernel's BTF file pretended missing), one line says so
+// and the tracefs path's table comes out, with the VMM's own counts.
+TEST_F(BpfKvmStatTest, WithoutBtfItSaysSoInOneLineAndStreamsFromTracefs) {
+  ::setenv("EXITSCOPE_KERNEL_BTF", "/nonexistent/vmlinux", 1);
+  Ran r = RunCmd({kBin, "kvm", "stat", "--bpf", "--event", "ioport", "--", kBin, "run", "--guest",
+                  "mmio-storm", "--guest-arg", "500", "--vcpus", "1", "--no-dump", "--serial",
+                  tmp_ + "/serial.txt"});
+  ::unsetenv("EXITSCOPE_KERNEL_BTF");
+  EXPECT_EQ(r.status, 0) << r.err;
+  const std::string want =
+      "exitscope kvm stat: --bpf not possible here: no kernel BTF (/nonexistent/vmlinux: No such "
+      "file or directory); streaming from tracefs instead\n";
+  size_t lines = 0;
+  for (size_t at = r.err.find("not possible"); at != std::string::npos;
+       at = r.err.find("not possible", at + 1))
+    ++lines;
+  EXPECT_EQ(lines, 1u) << r.err;
+  EXPECT_NE(r.err.find(want), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("exitscope kvm stat (tracefs): final"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("IO Port Access"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("0x3f8:POUT"), std::string::npos) << r.out;
+  const VmmCounts vmm = VmmOwn(r.err);
+  EXPECT_GT(vmm.io, 0u) << r.err;
+  // "Total Samples:N" of the ioport table counts port accesses, every PIO exit among them but
+  // those open at the end (the exit that ends the guest).
+  const size_t total = r.out.find("Total Samples:");
+  ASSERT_NE(total, std::string::npos) << r.out;
+  uint64_t open = 0;
+  std::smatch m;
+  if (std::regex_search(r.out, m, std::regex("Open at end of trace: ([0-9]+) exits")))
+    open = std::stoull(m[1]);
+  EXPECT_GE(std::stoull(r.out.substr(total + 14)) + open, vmm.io) << r.out;
+}
+
 // Bad usage gets one line and status 2, as every subcommand.
 TEST(BpfKvmStatCli, BadUsageGetsOneLine) {
   if (::access(kBin.c_str(), X_OK) != 0) GTEST_SKIP() << kBin << " not built";
@@ -274,7 +430,8 @@ TEST(BpfKvmStatCli, BadUsageGetsOneLine) {
        {std::vector<std::string>{kBin, "kvm", "stat", "--bpf", "--event", "nope"},
         std::vector<std::string>{kBin, "kvm", "stat", "--bpf", "-d", "-1"},
         std::vector<std::string>{kBin, "kvm", "stat", "--bpf", "--format", "xml"},
-        std::vector<std::string>{kBin, "kvm", "stat", "--bpf", "-p", "1", "--", "true"}}) {
+        std::vector<std::string>{kBin, "kvm", "stat", "--bpf", "-p", "1", "--", "true"},
+        std::vector<std::string>{kBin, "kvm", "stat", "--bpf", "--metrics", "nohost:x"}}) {
     Ran r = RunCmd(args);
     EXPECT_EQ(r.status, 2) << args.back() << ": " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;

@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <deque>
-#include <map>
-#include <memory>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -13,9 +11,6 @@
 namespace exitscope::sources::bpf {
 namespace {
 
-using analysis::KvmEventClass;
-using analysis::KvmGroup;
-using analysis::KvmRow;
 // The event model's access direction (kNone, kRead, kWrite: KS_DIR_* in that order).
 using Dir = decltype(ExitEvent{}.dir);
 
@@ -34,22 +29,11 @@ std::string_view AccessReason(uint8_t kind) noexcept {
   }
 }
 
-// The aggregator's row identity (KvmAggregator::Key), by value.
-struct RowKey {
-  std::string name;
-  uint64_t sub = 0;
-  uint8_t dir = 0;
-  bool operator<(const RowKey& o) const {
-    return std::tie(name, sub, dir) < std::tie(o.name, o.sub, o.dir);
-  }
-};
-
-class RowBuilder {
+// Map keys as the event model's exits: the decoding is this file's, the rows are
+// KvmAggregator's (the one analysis `kvm report` uses).
+class EventDecoder {
  public:
-  RowBuilder(const BpfKvmRowOptions& o, BpfKvmRows* out) : o_(o), out_(out) {
-    out_->analysis.event = o.analysis.event;
-    all_.group = &out_->analysis.all;
-  }
+  explicit EventDecoder(const BpfKvmRowOptions& o) : o_(o) {}
 
   // The exit a key stands for (duration left 0).
   ExitEvent EventOf(const ks_key& k, uint32_t vcpu) {
@@ -93,180 +77,14 @@ class RowBuilder {
     return e;
   }
 
-  // KvmAggregator::Classify.
-  bool Classify(const ExitEvent& e, RowKey* key) const {
-    switch (o_.analysis.event) {
-      case KvmEventClass::kVmexit:
-        key->name = e.reason;
-        return true;
-      case KvmEventClass::kUserspace:
-        if (!e.userspace) return false;
-        key->name = e.user_reason.empty() ? e.reason : e.user_reason;
-        return true;
-      case KvmEventClass::kIoport:
-        if (e.subkey_kind != SubKeyKind::kPort) return false;
-        break;
-      case KvmEventClass::kMmio:
-        if (e.subkey_kind != SubKeyKind::kMmio) return false;
-        break;
-      case KvmEventClass::kMsr:
-        if (e.subkey_kind != SubKeyKind::kMsr) return false;
-        break;
-      case KvmEventClass::kHypercall:
-        if (e.reason.starts_with("HC_")) {
-          key->name = e.reason;
-          return true;
-        }
-        if (e.subkey_kind != SubKeyKind::kHypercall) return false;
-        key->sub = e.subkey;
-        return true;
-    }
-    key->sub = e.subkey;
-    key->dir = static_cast<uint8_t>(e.dir);
-    return true;
-  }
-
-  // KvmAggregator::KeyText / NameText.
-  std::string KeyText(const RowKey& key) const {
-    const bool write = key.dir == static_cast<uint8_t>(Dir::kWrite);
-    switch (o_.analysis.event) {
-      case KvmEventClass::kVmexit:
-      case KvmEventClass::kUserspace:
-        return key.name;
-      case KvmEventClass::kIoport:
-        return fmt::format("{:#x}:{}", key.sub, write ? "POUT" : "PIN");
-      case KvmEventClass::kMmio:
-      case KvmEventClass::kMsr:
-        return fmt::format("{:#x}:{}", key.sub, write ? "W" : "R");
-      case KvmEventClass::kHypercall:
-        if (!key.name.empty()) return key.name;
-        return fmt::format("nr {:#x}", key.sub);
-    }
-    return {};
-  }
-  std::string NameText(const ExitEvent& e) const {
-    switch (o_.analysis.event) {
-      case KvmEventClass::kIoport:
-      case KvmEventClass::kMmio:
-        if (e.device.empty()) return {};
-        return e.reg.empty() ? std::string(e.device) : fmt::format("{}.{}", e.device, e.reg);
-      case KvmEventClass::kMsr:
-        return std::string(MsrName(static_cast<uint32_t>(e.subkey)));
-      case KvmEventClass::kHypercall:
-        if (e.reason.starts_with("HC_")) return {};
-        return std::string(e.reason);
-      default:
-        return {};
-    }
-  }
-
-  // Filters as KvmAggregator::OnExit; true when the exit belongs in the rows.
-  bool Keep(const ExitEvent& e, RowKey* key, uint64_t n) {
-    const bool exit_class = o_.analysis.event == KvmEventClass::kVmexit ||
-                            o_.analysis.event == KvmEventClass::kUserspace;
-    const int64_t pid = o_.analysis.pid;
-    const bool keep = !(e.kernel_access && exit_class) && Classify(e, key) &&
-                      !(o_.analysis.vcpu >= 0 && e.vcpu != o_.analysis.vcpu) &&
-                      !(pid >= 0 && e.vm != pid && e.tid != pid);
-    auto& a = out_->analysis;
-    if (e.kernel_access) {
-      a.kernel_accesses_seen += n;
-      if (!keep) a.kernel_accesses_skipped += n;
-    } else {
-      a.exits_seen += n;
-      if (!keep) a.exits_filtered += n;
-    }
-    return keep;
-  }
-
-  // Adds samples of one exit key: timed ones from `merge` (stats + buckets) or `one` (a
-  // single duration), and `untimed` without time.
-  void Add(const ExitEvent& e, const RowKey& key, const BpfKvmSample* merge, const uint64_t* one,
-           uint64_t untimed) {
-    AddTo(all_, e, key, merge, one, untimed);
-    if (o_.analysis.per_vm) AddTo(Vm(e.vm), e, key, merge, one, untimed);
-    if (o_.analysis.per_vcpu) AddTo(Vcpu(e.vm, e.vcpu), e, key, merge, one, untimed);
-  }
-
-  void Finish() {
-    auto by_scope = [](const std::unique_ptr<KvmGroup>& a, const std::unique_ptr<KvmGroup>& b) {
-      return std::pair(a->vm, a->vcpu) < std::pair(b->vm, b->vcpu);
-    };
-    std::sort(out_->analysis.per_vm.begin(), out_->analysis.per_vm.end(), by_scope);
-    std::sort(out_->analysis.per_vcpu.begin(), out_->analysis.per_vcpu.end(), by_scope);
-  }
-
  private:
-  struct GroupIndex {
-    KvmGroup* group = nullptr;
-    std::map<RowKey, KvmRow*> rows;
-  };
-
-  void AddTo(GroupIndex& gi, const ExitEvent& e, const RowKey& key, const BpfKvmSample* merge,
-             const uint64_t* one, uint64_t untimed) {
-    auto it = gi.rows.find(key);
-    if (it == gi.rows.end()) {
-      auto row = std::make_unique<KvmRow>();
-      row->key = KeyText(key);
-      row->name = NameText(e);
-      it = gi.rows.emplace(key, row.get()).first;
-      gi.group->rows.push_back(std::move(row));
-    }
-    KvmRow& row = *it->second;
-    KvmGroup& g = *gi.group;
-    uint64_t timed = 0, time_ns = 0;
-    if (merge != nullptr && merge->stats.timed != 0) {
-      const uint64_t before = row.stats.count();
-      row.stats.MergeBuckets(merge->buckets, merge->stats.sum, merge->stats.min, merge->stats.max,
-                             merge->sum_squares());
-      timed = row.stats.count() - before;
-      time_ns = merge->stats.sum;
-    }
-    if (one != nullptr) {
-      row.stats.Add(*one);
-      timed += 1;
-      time_ns += *one;
-    }
-    const uint64_t n = timed + untimed;
-    g.samples += n;
-    g.time_ns += time_ns;
-    row.untimed += untimed;
-    g.untimed += untimed;
-    if (e.kernel_access || !e.userspace) {
-      row.in_kernel += n;
-      g.in_kernel += n;
-    }
-  }
-  GroupIndex& Vm(int64_t vm) {
-    auto [it, inserted] = vm_groups_.try_emplace(vm);
-    if (inserted) {
-      out_->analysis.per_vm.push_back(std::make_unique<KvmGroup>());
-      it->second.group = out_->analysis.per_vm.back().get();
-      it->second.group->vm = vm;
-    }
-    return it->second;
-  }
-  GroupIndex& Vcpu(int64_t vm, int64_t vcpu) {
-    auto [it, inserted] = vcpu_groups_.try_emplace({vm, vcpu});
-    if (inserted) {
-      out_->analysis.per_vcpu.push_back(std::make_unique<KvmGroup>());
-      it->second.group = out_->analysis.per_vcpu.back().get();
-      it->second.group->vm = vm;
-      it->second.group->vcpu = vcpu;
-    }
-    return it->second;
-  }
   std::string_view Intern(std::string s) {
     interned_.push_back(std::move(s));
     return interned_.back();
   }
 
   const BpfKvmRowOptions& o_;
-  BpfKvmRows* out_;
-  GroupIndex all_;
-  std::map<int64_t, GroupIndex> vm_groups_;
-  std::map<std::pair<int64_t, int64_t>, GroupIndex> vcpu_groups_;
-  std::deque<std::string> interned_;
+  std::deque<std::string> interned_;  // reason names the views of ExitEvents point at
 };
 
 // vCPU numbers as KvmPairer gives them: the thread's vcpu_id when a record carried one, else
@@ -289,9 +107,28 @@ std::unordered_map<uint32_t, uint32_t> VcpuNumbers(const BpfKvmSnapshot& snap) {
 
 }  // namespace
 
+void ForEachBpfKvmExit(const BpfKvmSnapshot& snap, const BpfKvmRowOptions& options,
+                       const std::function<void(const ExitEvent&, const BpfKvmSample&)>& fn) {
+  EventDecoder d(options);
+  const auto vcpus = VcpuNumbers(snap);
+  for (const BpfKvmSample& s : snap.samples) {
+    uint32_t vcpu = 0;
+    if (s.key.vcpu >= 0) {
+      vcpu = static_cast<uint32_t>(s.key.vcpu);
+    } else if (auto it = vcpus.find(s.key.tid); it != vcpus.end()) {
+      vcpu = it->second;
+    }
+    fn(d.EventOf(s.key, vcpu), s);
+  }
+}
+
 BpfKvmRows BuildBpfKvmRows(const BpfKvmSnapshot& snap, const BpfKvmRowOptions& options) {
   BpfKvmRows out;
-  RowBuilder b(options, &out);
+  EventDecoder d(options);
+  analysis::KvmAnalysisOptions aopts = options.analysis;
+  aopts.slow_ns = 0;  // no single exits here
+  aopts.on_slow = nullptr;
+  analysis::KvmAggregator agg(std::move(aopts));
   const auto vcpus = VcpuNumbers(snap);
   auto vcpu_of = [&](const ks_key& k) -> uint32_t {
     if (k.vcpu >= 0) return static_cast<uint32_t>(k.vcpu);
@@ -324,11 +161,15 @@ BpfKvmRows BuildBpfKvmRows(const BpfKvmSnapshot& snap, const BpfKvmRowOptions& o
 
   for (const BpfKvmSample& s : snap.samples) {
     ++out.keys;
-    const ExitEvent e = b.EventOf(s.key, vcpu_of(s.key));
+    const ExitEvent e = d.EventOf(s.key, vcpu_of(s.key));
     count_exit(e, s.stats.timed, s.stats.untimed);
-    RowKey key;
-    if (!b.Keep(e, &key, s.stats.timed + s.stats.untimed)) continue;
-    b.Add(e, key, &s, nullptr, s.stats.untimed);
+    agg.OnSamples(e, {.buckets = s.buckets,
+                      .timed = s.stats.timed,
+                      .sum = s.stats.sum,
+                      .min = s.stats.min,
+                      .max = s.stats.max,
+                      .sum_squares = s.sum_squares(),
+                      .untimed = s.stats.untimed});
   }
 
   // What the threads hold, placed as KvmPairer::Finish() would.
@@ -344,11 +185,11 @@ BpfKvmRows BuildBpfKvmRows(const BpfKvmSnapshot& snap, const BpfKvmRowOptions& o
       k.tgid = t.tgid;
       k.tid = t.tid;
       k.vcpu = t.vcpu;
-      const ExitEvent e = b.EventOf(k, vcpu_of(k));
+      ExitEvent e = d.EventOf(k, vcpu_of(k));
       count_exit(e, 1, 0);
-      RowKey key;
-      const uint64_t dur = t.held_dur;
-      if (b.Keep(e, &key, 1)) b.Add(e, key, nullptr, &dur, 0);
+      e.end = ExitEnd::kSeen;
+      e.duration_ns = t.held_dur;
+      agg.OnExit(e);
     }
     if (t.phase == KS_IDLE) continue;
     ks_key k = t.ev;
@@ -365,38 +206,33 @@ BpfKvmRows BuildBpfKvmRows(const BpfKvmSnapshot& snap, const BpfKvmRowOptions& o
     if (t.ev_is_kernel && !t.seen_entry) {  // no kvm_entry on this thread: no time
       if (options.final) {
         k.flags |= KS_F_NOT_TRACED;
-        const ExitEvent e = b.EventOf(k, vcpu_of(k));
+        const ExitEvent e = d.EventOf(k, vcpu_of(k));
         count_exit(e, 0, 1);
-        RowKey key;
-        if (b.Keep(e, &key, 1)) b.Add(e, key, nullptr, nullptr, 1);
+        agg.OnExit(e);
       }
       continue;
     }
-    ExitEvent e = b.EventOf(k, vcpu_of(k));
+    ExitEvent e = d.EventOf(k, vcpu_of(k));
     e.start_ns = t.exit_ts;
     e.end = ExitEnd::kOpenAtEnd;
-    RowKey key;
-    if (!b.Keep(e, &key, 1)) continue;
-    analysis::KvmOpenExit open{e.start_ns,
-                               e.vm,
-                               e.vcpu,
-                               e.tid,
-                               std::string(e.reason),
-                               b.KeyText(key),
-                               std::string(e.device),
-                               std::string(e.reg)};
+    std::string key;
+    if (!agg.RowKeyText(e, &key)) {
+      if (options.final) agg.OnExit(e);  // counted as filtered
+      continue;
+    }
+    analysis::KvmOpenExit open{
+        e.start_ns,        e.vm, e.vcpu, e.tid, std::string(e.reason), key, std::string(e.device),
+        std::string(e.reg)};
     out.in_flight.push_back({open, snap.now_ns > t.exit_ts ? snap.now_ns - t.exit_ts : 0});
     if (options.final) {
       ++p.exits;
       ++p.open_at_end;
       ++p.unpaired_exits;
-      ++out.analysis.open_at_end;
-      if (out.analysis.open_exits.size() < analysis::KvmAnalysis::kMaxOpenExitsKept) {
-        out.analysis.open_exits.push_back(std::move(open));
-      }
+      agg.OnExit(e);  // open at end of trace
     }
   }
-  b.Finish();
+  agg.Finish();
+  out.analysis = agg.TakeAnalysis();
   return out;
 }
 

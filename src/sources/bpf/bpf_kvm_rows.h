@@ -1,7 +1,7 @@
 // sources/bpf/bpf_kvm_rows.h: a snapshot of the in-kernel maps (bpf_kvm_stat.h) as the
-// KvmAnalysis that `exitscope kvm report` renders: the same rows, keys, names, filters and
-// groupings as KvmAggregator gives for the same exits, with each row's LatencyStats merged
-// from the kernel's histogram buckets.
+// KvmAnalysis that `exitscope kvm report` renders. Each map entry is decoded into the exit it
+// stands for and fed to KvmAggregator (KvmAggregator::OnSamples, with the kernel's histogram
+// buckets merged into the row): the keys, names, filters and groupings are kvm report's own.
 //
 //   BpfKvmRowOptions o{.analysis = aopts, .pvm = popts.pvm, .devices = popts.devices,
 //                      .final = true};
@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "analysis/kvm_stats.h"
@@ -47,5 +48,11 @@ struct BpfKvmRows {
 };
 
 BpfKvmRows BuildBpfKvmRows(const BpfKvmSnapshot& snap, const BpfKvmRowOptions& options);
+
+// Each map entry of `snap` as the exit it stands for (vCPU numbered and device resolved as in
+// the rows; only options.pvm and options.devices are used), with its samples: what
+// `kvm stat --metrics` observes. The exit's strings live until `fn` returns.
+void ForEachBpfKvmExit(const BpfKvmSnapshot& snap, const BpfKvmRowOptions& options,
+                       const std::function<void(const ExitEvent&, const BpfKvmSample&)>& fn);
 
 }  // namespace exitscope::sources::bpf

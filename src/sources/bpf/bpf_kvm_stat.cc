@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <string_view>
@@ -19,6 +20,7 @@
 
 #ifdef EXITSCOPE_HAVE_BPF
 #include <bpf/bpf.h>
+#include <bpf/btf.h>
 #include <bpf/libbpf.h>
 
 #include "kvm_stat.skel.h"
@@ -114,6 +116,67 @@ bpf_program* ProgramFor(kvm_stat_bpf* skel, int event) {
   return progs[event];
 }
 
+// The tp_btf program of each event (nullptr: none, the classic tracepoint only) and the
+// number of TP_PROTO arguments it expects (-1: reads none, any count), with whether the first
+// is a pointer (struct kvm_vcpu *).
+struct BtfSpec {
+  int args;
+  bool vcpu_first;
+};
+constexpr BtfSpec kBtfSpecs[KS_EV_COUNT] = {
+    {0, false}, {2, true}, {2, false}, {1, false}, {5, false},  {4, false},  {4, false},
+    {5, false}, {2, true}, {4, false}, {0, false}, {-1, false}, {-1, false},
+};
+
+bpf_program* BtfProgramFor(kvm_stat_bpf* skel, int event) {
+  bpf_program* const progs[KS_EV_COUNT] = {
+      nullptr,  // kvm_exit: reason and info are computed inside the tracepoint
+      skel->progs.ks_btf_kvm_entry,
+      skel->progs.ks_btf_kvm_userspace_exit,
+      skel->progs.ks_btf_kvm_fpu,
+      skel->progs.ks_btf_kvm_pio,
+      skel->progs.ks_btf_kvm_mmio,
+      skel->progs.ks_btf_kvm_msr,
+      skel->progs.ks_btf_kvm_hypercall,
+      skel->progs.ks_btf_kvm_emulate_insn,
+      skel->progs.ks_btf_vcpu_match_mmio,
+      nullptr,  // kvm_page_fault: two prototypes across kernels
+      skel->progs.ks_btf_kvm_inj_exception,
+      skel->progs.ks_btf_kvm_cpuid,
+  };
+  return progs[event];
+}
+
+// Whether the kernel's btf_trace_<event> is the prototype the tp_btf program reads; else why.
+bool BtfProtoMatches(const btf* vmlinux, int e, std::string* why) {
+  const std::string name = std::string("btf_trace_") + kEvents[e];
+  const int id = btf__find_by_name_kind(vmlinux, name.c_str(), BTF_KIND_TYPEDEF);
+  if (id < 0) {
+    *why = name + " not in the kernel's BTF";
+    return false;
+  }
+  const btf_type* t = btf__type_by_id(vmlinux, btf__type_by_id(vmlinux, id)->type);  // ptr
+  if (t == nullptr || !btf_is_ptr(t)) return false;
+  const btf_type* proto = btf__type_by_id(vmlinux, t->type);
+  if (proto == nullptr || !btf_is_func_proto(proto)) return false;
+  const int args = static_cast<int>(btf_vlen(proto)) - 1;  // the first is the probe's data
+  const BtfSpec spec = kBtfSpecs[e];
+  if (spec.args < 0) return true;
+  if (args != spec.args) {
+    *why = fmt::format("{} has {} arguments, the program reads {}", name, args, spec.args);
+    return false;
+  }
+  if (spec.vcpu_first) {
+    const int a1 = btf__resolve_type(vmlinux, btf_params(proto)[1].type);
+    const btf_type* p = a1 < 0 ? nullptr : btf__type_by_id(vmlinux, a1);
+    if (p == nullptr || !btf_is_ptr(p)) {
+      *why = name + ": the first argument is not struct kvm_vcpu *";
+      return false;
+    }
+  }
+  return true;
+}
+
 // Iterates a hash map's keys; calls fn(key) for each.
 template <typename K, typename Fn>
 void ForEachKey(int fd, Fn&& fn) {
@@ -147,9 +210,14 @@ BpfKvmStat::BpfKvmStat(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 BpfKvmStat::~BpfKvmStat() = default;
 
 Result<std::unique_ptr<BpfKvmStat>> BpfKvmStat::Open(const BpfKvmOptions& options) {
-  if (::access("/sys/kernel/btf/vmlinux", R_OK) != 0) {
+  // $EXITSCOPE_KERNEL_BTF names another file to look for (the tests point it at a missing one
+  // to take the no-BTF path on a host that has BTF).
+  const char* env_btf = std::getenv("EXITSCOPE_KERNEL_BTF");
+  const std::string btf_path =
+      env_btf != nullptr && *env_btf != '\0' ? env_btf : "/sys/kernel/btf/vmlinux";
+  if (::access(btf_path.c_str(), R_OK) != 0) {
     return Fail(ErrorCode::kUnavailable,
-                fmt::format("no kernel BTF (/sys/kernel/btf/vmlinux: {})", std::strerror(errno)));
+                fmt::format("no kernel BTF ({}: {})", btf_path, std::strerror(errno)));
   }
   auto dir = FindTracefs(options.tracefs_dir);
   if (!dir) return Fail(ErrorCode::kUnavailable, dir.error().message);
@@ -177,49 +245,101 @@ Result<std::unique_ptr<BpfKvmStat>> BpfKvmStat::Open(const BpfKvmOptions& option
     cfg.size[f] = static_cast<__u8>(array ? 15 : fld->size);
   }
   cfg.target_tgid = options.tgid;
+  cfg.follow_children = options.tgid != 0 && options.follow_children;
   if (!have[KS_EV_EXIT] && !have[KS_EV_USERSPACE_EXIT]) {
     return Fail(ErrorCode::kUnavailable,
                 "no kvm_exit and no kvm_userspace_exit tracepoint: nothing to pair");
   }
 
   libbpf_set_print(QuietPrint);
-  g_last_libbpf_message.clear();
-  auto impl = std::make_unique<Impl>();
-  impl->skel = kvm_stat_bpf__open();
-  if (impl->skel == nullptr) {
-    return Fail(ErrorCode::kUnavailable,
-                fmt::format("cannot open the BPF program: {}", std::strerror(errno)));
-  }
-  std::memcpy(const_cast<ks_config*>(&impl->skel->rodata->cfg), &cfg, sizeof cfg);
-  std::vector<std::string> attached, missing;
-  for (int e = 0; e < KS_EV_COUNT; ++e) {
-    if (!have[e]) {
-      bpf_program__set_autoload(ProgramFor(impl->skel, e), false);
-      missing.emplace_back(kEvents[e]);
+  // Which events can use tp_btf here.
+  bool btf_ok[KS_EV_COUNT] = {};
+  std::string btf_why;
+  if (options.attach != BpfAttach::kTracepoint) {
+    btf* vmlinux = btf__load_vmlinux_btf();
+    if (vmlinux == nullptr) {
+      btf_why = fmt::format("cannot read the kernel's BTF: {}", std::strerror(errno));
+    } else {
+      for (int e = 0; e < KS_EV_COUNT; ++e) {
+        std::string why;
+        if (have[e] && kBtfSpecs[e].args != 0 && BtfProtoMatches(vmlinux, e, &why)) {
+          btf_ok[e] = true;
+        } else if (have[e] && !why.empty()) {
+          btf_why += (btf_why.empty() ? "" : "; ") + why;
+        }
+      }
+      btf__free(vmlinux);
     }
   }
-  if (int err = kvm_stat_bpf__load(impl->skel); err != 0) {
+  auto impl = std::make_unique<Impl>();
+  // Opens and loads the object with tp_btf where `use_btf`; 0 or the load's error.
+  auto load = [&](bool use_btf) -> int {
+    if (impl->skel != nullptr) kvm_stat_bpf__destroy(impl->skel);
+    g_last_libbpf_message.clear();
+    impl->skel = kvm_stat_bpf__open();
+    if (impl->skel == nullptr) return -errno;
+    std::memcpy(const_cast<ks_config*>(&impl->skel->rodata->cfg), &cfg, sizeof cfg);
+    for (int e = 0; e < KS_EV_COUNT; ++e) {
+      const bool btf = use_btf && btf_ok[e];
+      bpf_program__set_autoload(ProgramFor(impl->skel, e), have[e] && !btf);
+      if (bpf_program* p = BtfProgramFor(impl->skel, e)) bpf_program__set_autoload(p, btf);
+    }
+    bpf_program__set_autoload(impl->skel->progs.ks_fork, cfg.follow_children != 0);
+    return kvm_stat_bpf__load(impl->skel);
+  };
+  bool use_btf = options.attach != BpfAttach::kTracepoint;
+  int err = load(use_btf);
+  if (err != 0 && use_btf && options.attach == BpfAttach::kAuto && -err != EPERM &&
+      -err != EACCES) {
+    btf_why =
+        fmt::format("tp_btf refused: {}",
+                    g_last_libbpf_message.empty() ? std::strerror(-err) : g_last_libbpf_message);
+    use_btf = false;
+    err = load(false);
+  }
+  if (err != 0) {
     const int e = -err;
     const bool perm = e == EPERM || e == EACCES;
     std::string why = g_last_libbpf_message.empty() ? std::strerror(e) : g_last_libbpf_message;
     return Fail(perm ? ErrorCode::kPermission : ErrorCode::kUnavailable,
                 fmt::format("the kernel refused the BPF program ({}): {}", std::strerror(e), why));
   }
+  std::vector<std::string> attached, missing;
+  std::string on_btf, on_tp;
   for (int e = 0; e < KS_EV_COUNT; ++e) {
-    if (!have[e]) continue;
-    bpf_link* link = bpf_program__attach(ProgramFor(impl->skel, e));
+    if (!have[e]) {
+      missing.emplace_back(kEvents[e]);
+      continue;
+    }
+    const bool btf = use_btf && btf_ok[e];
+    bpf_link* link =
+        bpf_program__attach(btf ? BtfProgramFor(impl->skel, e) : ProgramFor(impl->skel, e));
     if (link == nullptr) {
       const int err = errno;
-      return Fail(
-          err == EPERM || err == EACCES ? ErrorCode::kPermission : ErrorCode::kUnavailable,
-          fmt::format("cannot attach to tracepoint kvm:{}: {}", kEvents[e], std::strerror(err)));
+      return Fail(err == EPERM || err == EACCES ? ErrorCode::kPermission : ErrorCode::kUnavailable,
+                  fmt::format("cannot attach to {} kvm:{}: {}", btf ? "tp_btf" : "tracepoint",
+                              kEvents[e], std::strerror(err)));
     }
     impl->links.push_back(link);
     attached.emplace_back(kEvents[e]);
+    (btf ? on_btf : on_tp) += fmt::format(" {}", kEvents[e]);
+  }
+  if (cfg.follow_children) {
+    bpf_link* link = bpf_program__attach(impl->skel->progs.ks_fork);
+    if (link == nullptr) {
+      const int err = errno;
+      return Fail(err == EPERM || err == EACCES ? ErrorCode::kPermission : ErrorCode::kUnavailable,
+                  fmt::format("cannot attach to raw tracepoint sched_process_fork: {}",
+                              std::strerror(err)));
+    }
+    impl->links.push_back(link);
   }
   std::unique_ptr<BpfKvmStat> out(new BpfKvmStat(std::move(impl)));
   out->attached_ = std::move(attached);
   out->missing_ = std::move(missing);
+  out->attachment_ =
+      fmt::format("tp_btf:{}; tracepoint:{}{}", on_btf.empty() ? " none" : on_btf,
+                  on_tp.empty() ? " none" : on_tp, btf_why.empty() ? "" : " (" + btf_why + ")");
   return out;
 }
 
@@ -241,8 +361,13 @@ Status BpfKvmStat::EnableRunTimeStats() {
 
 BpfKvmStat::RunTime BpfKvmStat::ProgramRunTime() const {
   RunTime rt;
+  std::vector<bpf_program*> progs;
   for (int e = 0; e < KS_EV_COUNT; ++e) {
-    const int fd = bpf_program__fd(ProgramFor(impl_->skel, e));
+    progs.push_back(ProgramFor(impl_->skel, e));
+    if (bpf_program* p = BtfProgramFor(impl_->skel, e)) progs.push_back(p);
+  }
+  for (bpf_program* p : progs) {
+    const int fd = bpf_program__fd(p);
     if (fd < 0) continue;
     bpf_prog_info info{};
     __u32 len = sizeof info;

@@ -33,9 +33,20 @@ namespace exitscope::sources::bpf {
 // build host's BTF were found at configure time).
 bool BpfKvmStatBuilt() noexcept;
 
+// How the programs attach. kTpBtf: BTF-typed raw tracepoints (tp_btf: the program reads the
+// tracepoint's arguments, the kernel builds no trace record) for every event whose prototype
+// in the kernel's BTF is the one the program expects, classic tracepoints for the others
+// (kvm_exit, kvm_page_fault always); kTracepoint: classic tracepoints only; kAuto: kTpBtf,
+// and classic tracepoints only if the kernel refuses the tp_btf programs.
+enum class BpfAttach : uint8_t { kAuto = 0, kTpBtf, kTracepoint };
+
 struct BpfKvmOptions {
   std::string tracefs_dir;  // for the format files; empty: FindTracefs()
   uint32_t tgid = 0;        // only this process (the VMM); 0: every process
+  // Also the processes `tgid` forks from now on, and theirs (a VMM started by a wrapper or a
+  // shell): followed in the kernel (sched_process_fork).
+  bool follow_children = false;
+  BpfAttach attach = BpfAttach::kAuto;
 };
 
 // One key's samples.
@@ -84,6 +95,9 @@ class BpfKvmStat {
 
   // The tracepoints attached ("kvm_exit", ...), and those this kernel lacks.
   const std::vector<std::string>& attached() const noexcept { return attached_; }
+  // How they are attached, one line: "tp_btf: kvm_entry kvm_fpu ...; tracepoint: kvm_exit
+  // ...", with why tp_btf was not used where it was not ("tp_btf refused: ...").
+  const std::string& attachment() const noexcept { return attachment_; }
   const std::vector<std::string>& missing() const noexcept { return missing_; }
 
  private:
@@ -91,6 +105,7 @@ class BpfKvmStat {
   explicit BpfKvmStat(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
   std::vector<std::string> attached_, missing_;
+  std::string attachment_;
 };
 
 }  // namespace exitscope::sources::bpf

@@ -25,7 +25,9 @@
  */
 #include "vmlinux.h"
 
+#include <bpf/bpf_core_read.h>
 #include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
 
 #include "kvm_stat_abi.h"
 #include "kvm_stat_hist.h"
@@ -54,6 +56,16 @@ struct {
   __type(key, __u32);
   __type(value, struct ks_thread);
 } ks_threads SEC(".maps");
+
+/* The processes counted besides target_tgid when cfg.follow_children: every process forked,
+ * directly or not, by target_tgid after the program was attached (`-- CMD` run through a
+ * wrapper or a shell). Fed by ks_fork; entries stay until the program is unloaded. */
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, KS_MAX_PIDS);
+  __type(key, __u32);
+  __type(value, __u8);
+} ks_pids SEC(".maps");
 
 struct {
   __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -453,12 +465,7 @@ static __always_inline void add_access(struct ks_thread* t, const struct rec* r)
 }
 
 /* IN / INS -> read, OUT / OUTS -> write, else none (KvmPairer's PortInsnDirection). */
-static __always_inline __u32 insn_dir(void* ctx) {
-  const int off = cfg.offset[KS_F_INSN];
-  if (off < 0) return KS_DIR_NONE;
-  __u8 insn[16] = {};
-  bpf_probe_read_kernel(insn, 15, (char*)ctx + off);
-  const __u32 len = (__u32)field(ctx, KS_F_INSN_LEN);
+static __always_inline __u32 insn_dir_of(const __u8* insn, __u32 len) {
   for (int i = 0; i < 15; i++) {
     if ((__u32)i >= len) break;
     const __u8 b = insn[i];
@@ -472,6 +479,14 @@ static __always_inline __u32 insn_dir(void* ctx) {
     return KS_DIR_NONE;
   }
   return KS_DIR_NONE;
+}
+
+static __always_inline __u32 insn_dir(void* ctx) {
+  const int off = cfg.offset[KS_F_INSN];
+  if (off < 0) return KS_DIR_NONE;
+  __u8 insn[16] = {};
+  bpf_probe_read_kernel(insn, 15, (char*)ctx + off);
+  return insn_dir_of(insn, (__u32)field(ctx, KS_F_INSN_LEN));
 }
 
 /* KvmPairer::Feed for one thread. */
@@ -551,11 +566,34 @@ static __noinline int feed(struct ks_thread* t, const struct rec* r, __u32 tid) 
   return 0;
 }
 
-/* Common entry: filter, thread state, decode, feed. */
-static __always_inline int handle(void* ctx, __u32 type) {
+/* Whether process tgid is counted: every process, target_tgid, or one it forked. */
+static __always_inline int counted(__u32 tgid) {
+  if (!cfg.target_tgid || tgid == cfg.target_tgid) return 1;
+  if (!cfg.follow_children) return 0;
+  return bpf_map_lookup_elem(&ks_pids, &tgid) != 0;
+}
+
+/* A fork by a counted process: the child process is counted too (a new thread of a counted
+ * process already is). raw_tp: the arguments, read through CO-RE; not on any exit's path. */
+SEC("raw_tp/sched_process_fork")
+int BPF_PROG(ks_fork, struct task_struct* parent, struct task_struct* child) {
+  const __u32 ptgid = bpf_get_current_pid_tgid() >> 32;
+  if (!cfg.follow_children || !counted(ptgid)) return 0;
+  __u32 ctgid = BPF_CORE_READ(child, tgid);
+  if (ctgid == ptgid) return 0;
+  __u8 one = 1;
+  if (bpf_map_update_elem(&ks_pids, &ctgid, &one, BPF_ANY) != 0) {
+    struct ks_counters* c = counters();
+    if (c) c->threads_full++;
+  }
+  return 0;
+}
+
+/* Common entry: the process filter and the thread's state; NULL when not counted. */
+static __always_inline struct ks_thread* thread_of(__u32 type, __u32* tid_out) {
   const __u64 pid_tgid = bpf_get_current_pid_tgid();
   const __u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
-  if (cfg.target_tgid && tgid != cfg.target_tgid) return 0;
+  if (!counted(tgid)) return 0;
   struct ks_counters* c = counters();
   if (c && type < KS_EV_COUNT) c->records[type]++;
   struct ks_thread* t = bpf_map_lookup_elem(&ks_threads, &tid);
@@ -574,10 +612,24 @@ static __always_inline int handle(void* ctx, __u32 type) {
     t->window_fresh = 1;
   }
   t->tgid = tgid;
+  *tid_out = tid;
+  return t;
+}
 
+/* Common exit: the decoded record fed to the thread's pairing. */
+static __always_inline int finish(struct ks_thread* t, struct rec* r, __u32 type, __u32 tid) {
+  r->ts = bpf_ktime_get_ns();
+  r->type = type;
+  if (r->vcpu_id >= 0) t->vcpu = r->vcpu_id;
+  return feed(t, r, tid);
+}
+
+/* Classic tracepoints: the fields of the trace record, where the format file puts them. */
+static __always_inline int handle(void* ctx, __u32 type) {
+  __u32 tid = 0;
+  struct ks_thread* t = thread_of(type, &tid);
+  if (!t) return 0;
   struct rec r = {};
-  r.ts = bpf_ktime_get_ns();
-  r.type = type;
   r.vcpu_id = -1;
   switch (type) {
     case KS_EV_EXIT:
@@ -586,11 +638,9 @@ static __always_inline int handle(void* ctx, __u32 type) {
       r.info1 = field(ctx, KS_F_EXIT_INFO1);
       r.info2 = field(ctx, KS_F_EXIT_INFO2);
       if (cfg.offset[KS_F_EXIT_VCPU] >= 0) r.vcpu_id = (__s32)field(ctx, KS_F_EXIT_VCPU);
-      if (r.vcpu_id >= 0) t->vcpu = r.vcpu_id;
       break;
     case KS_EV_ENTRY:
       if (cfg.offset[KS_F_ENTRY_VCPU] >= 0) r.vcpu_id = (__s32)field(ctx, KS_F_ENTRY_VCPU);
-      if (r.vcpu_id >= 0) t->vcpu = r.vcpu_id;
       break;
     case KS_EV_USERSPACE_EXIT:
       r.reason = (__u32)field(ctx, KS_F_UEXIT_REASON);
@@ -626,12 +676,11 @@ static __always_inline int handle(void* ctx, __u32 type) {
       break;
     case KS_EV_PAGE_FAULT:
       if (cfg.offset[KS_F_PF_VCPU] >= 0) r.vcpu_id = (__s32)field(ctx, KS_F_PF_VCPU);
-      if (r.vcpu_id >= 0) t->vcpu = r.vcpu_id;
       break;
     default:
       break;
   }
-  return feed(t, &r, tid);
+  return finish(t, &r, type, tid);
 }
 
 SEC("tracepoint/kvm/kvm_exit")
@@ -686,3 +735,88 @@ SEC("tracepoint/kvm/kvm_cpuid")
 int ks_kvm_cpuid(void* ctx) {
   return handle(ctx, KS_EV_CPUID);
 }
+
+/* BTF-typed raw tracepoints (tp_btf): the program gets the tracepoint's own arguments, so the
+ * kernel builds no trace record and the program reads no format-file offsets. Prototypes of
+ * Linux 6.x (the loader checks each one against the kernel's BTF before choosing these):
+ *   kvm_entry(vcpu, force_immediate_exit)   kvm_userspace_exit(reason, errno)
+ *   kvm_fpu(load)                           kvm_pio(rw, port, size, count, data)
+ *   kvm_mmio(type, len, gpa, val)           kvm_msr(write, ecx, data, exception)
+ *   kvm_hypercall(nr, a0, a1, a2, a3)       kvm_emulate_insn(vcpu, failed)
+ *   vcpu_match_mmio(gva, gpa, write, gpa_match)
+ *   kvm_inj_exception(...), kvm_cpuid(...)  (no argument read)
+ * kvm_exit and kvm_page_fault stay classic tracepoints: kvm_exit's exit reason, info1 and
+ * info2 are computed inside the tracepoint (the vendor's get_exit_info static call) and its
+ * raw prototype differs across kernels ((exit_reason, vcpu, isa) before 5.16, (vcpu, isa)
+ * since); kvm_page_fault's too ((addr, error_code), later (vcpu, addr, error_code)). */
+#define KS_BTF_PROG(name, type, ...)                 \
+  SEC("tp_btf/" #name)                               \
+  int BPF_PROG(ks_btf_##name, ##__VA_ARGS__) {       \
+    __u32 tid = 0;                                   \
+    struct ks_thread* t = thread_of(type, &tid);     \
+    if (!t) return 0;                                \
+    struct rec r = {};                               \
+    r.vcpu_id = -1;
+
+#define KS_BTF_END(type)          \
+  return finish(t, &r, type, tid); \
+  }
+
+KS_BTF_PROG(kvm_entry, KS_EV_ENTRY, struct kvm_vcpu* vcpu)
+r.vcpu_id = vcpu->vcpu_id;
+KS_BTF_END(KS_EV_ENTRY)
+
+KS_BTF_PROG(kvm_userspace_exit, KS_EV_USERSPACE_EXIT, __u32 reason, int errno_)
+r.reason = reason;
+r.err = errno_;
+KS_BTF_END(KS_EV_USERSPACE_EXIT)
+
+KS_BTF_PROG(kvm_fpu, KS_EV_FPU, int load)
+r.write = load != 0;
+KS_BTF_END(KS_EV_FPU)
+
+KS_BTF_PROG(kvm_pio, KS_EV_PIO, unsigned int rw, unsigned int port, unsigned int size)
+r.write = rw;
+r.addr = port;
+r.size = size;
+KS_BTF_END(KS_EV_PIO)
+
+KS_BTF_PROG(kvm_mmio, KS_EV_MMIO, int type, int len, __u64 gpa)
+r.mmio_type = (__u32)type;
+r.size = (__u32)len;
+r.addr = gpa;
+r.write = type == MMIO_WRITE;
+KS_BTF_END(KS_EV_MMIO)
+
+KS_BTF_PROG(kvm_msr, KS_EV_MSR, unsigned int write, __u32 ecx)
+r.write = write;
+r.addr = ecx;
+KS_BTF_END(KS_EV_MSR)
+
+KS_BTF_PROG(kvm_hypercall, KS_EV_HYPERCALL, unsigned long nr)
+r.addr = nr;
+KS_BTF_END(KS_EV_HYPERCALL)
+
+KS_BTF_PROG(kvm_emulate_insn, KS_EV_EMULATE_INSN, struct kvm_vcpu* vcpu)
+{
+  /* What the tracepoint copies: the emulator's fetch cache. */
+  struct x86_emulate_ctxt* ctxt = BPF_CORE_READ(vcpu, arch.emulate_ctxt);
+  __u8 insn[16] = {};
+  const __u8* data = (const __u8*)&ctxt->fetch.data[0];
+  const __u8* ptr = BPF_CORE_READ(ctxt, fetch.ptr);
+  bpf_probe_read_kernel(insn, 15, data);
+  const __u64 n = (__u64)ptr - (__u64)data;
+  r.insn_dir = insn_dir_of(insn, n > 15 ? 15 : (__u32)n);
+}
+KS_BTF_END(KS_EV_EMULATE_INSN)
+
+KS_BTF_PROG(vcpu_match_mmio, KS_EV_VCPU_MATCH_MMIO, __u64 gva, __u64 gpa, bool write)
+r.addr = gpa;
+r.write = write;
+KS_BTF_END(KS_EV_VCPU_MATCH_MMIO)
+
+KS_BTF_PROG(kvm_inj_exception, KS_EV_INJ_EXCEPTION)
+KS_BTF_END(KS_EV_INJ_EXCEPTION)
+
+KS_BTF_PROG(kvm_cpuid, KS_EV_CPUID)
+KS_BTF_END(KS_EV_CPUID)

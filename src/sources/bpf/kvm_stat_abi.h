@@ -24,6 +24,7 @@
 #define KS_MAX_KEYS 16384
 #define KS_MAX_BUCKET_ENTRIES 131072
 #define KS_MAX_THREADS 4096
+#define KS_MAX_PIDS 4096 /* processes followed below target_tgid (-- CMD) */
 
 /* ks_key.flags */
 #define KS_F_KERNEL_EXIT 1u   /* a kvm_exit -> kvm_entry exit (exit_reason/isa are valid) */
@@ -147,7 +148,7 @@ struct ks_counters {
   __u64 children_outside_exit; /* candidates dropped when a kvm_exit started (as kvm_pairing) */
   __u64 keys_full;             /* samples lost: ks_stats full */
   __u64 buckets_full;          /* histogram counts lost: ks_buckets full (the sample is counted) */
-  __u64 threads_full;          /* records lost: ks_threads full */
+  __u64 threads_full;          /* records lost: ks_threads full; forks not followed: ks_pids full */
 };
 
 /* Field ids: where each tracepoint field the program reads sits in its record, read by the
@@ -181,8 +182,8 @@ struct ks_counters {
 struct ks_config {
   __s16 offset[KS_F_COUNT]; /* -1: the field is not in this kernel's format */
   __u8 size[KS_F_COUNT];
-  __u8 pad;
-  __u32 target_tgid; /* 0: every process */
+  __u8 follow_children; /* also count processes target_tgid forks (ks_pids) */
+  __u32 target_tgid;    /* 0: every process */
 };
 
 #endif /* EXITSCOPE_SOURCES_BPF_KVM_STAT_ABI_H_ */

@@ -12,12 +12,17 @@
 // counts, recorder counters) have fixed widths: those sections are serialised again at the end
 // and written over their placeholders with the same layout.
 //
-// The in-progress exit E of a vCPU is read before its ring is copied, and the ring at its head
-// h1 then, so E may have ended and reached the ring in between (at an index j >= h0: its
-// record is written after the slot is cleared). Then the ring is copied up to j: the vCPU's
-// state just before E ended, consistent (E is never both in progress and in the ring), and
-// the accounting stays exact (written = j). An exit that began after its vCPU's slot was read
-// is in the ring or not yet ended: it is simply not in this dump, as with Snapshot.
+// The in-progress exit E of a vCPU is read (after its ring head h0) before its ring is copied
+// at head h1: first for all vCPUs (the layout), then again for each just before its copy (kept
+// if it agrees: an exit in progress, or none; that makes the window one ring's copy). E may
+// have ended and reached the ring in between, at an index j >= h0 (its record is written after
+// the slot is cleared): ExitRing::FindStart finds it by its start, and the ring is copied up
+// to j. That is the vCPU's state just before E ended, consistent, with the accounting exact
+// (written = j). E is never both in progress and in the ring. If E's record was already
+// overwritten (the vCPU wrote a whole ring's worth during the window), the ring is copied up
+// to h1: E is shown in progress, as it was at h0, and every ring exit is later than it. An
+// exit that began after its vCPU's slot was read is in the ring or not yet ended: it is simply
+// not in this dump, as with Snapshot.
 //
 // A register map the layout did not know (an exit resolved in a generation whose range has
 // since been removed, so its map is not among the current ranges') changes the sections
@@ -71,8 +76,22 @@ Status Recorder::WriteDump(const std::string& path, const DumpOptions& options) 
     for (uint32_t v = 0; v < num_vcpus_ && d.maps.size() == maps_known; ++v) {
       DumpVcpu& dv = d.vcpus[v];
       const ExitRing& ring = rings_.ring(v);
+      // A fresh look just before the copy, kept if it agrees with the layout (an exit in
+      // progress, or none): the window in which the exit can end and reach the ring is then
+      // this ring's copy, not the whole dump.
+      uint64_t from = h0[v], start = in_progress_start[v];
+      const uint64_t fresh_head = ring.written();
+      ExitRecord cur;
+      const bool inside = ReadInProgress(v, clock_.Now(), &cur);
+      if (inside == (start != 0)) {
+        from = fresh_head;
+        if (inside) {
+          start = cur.start_ticks;
+          convert(cur, &*dv.in_progress);
+        }
+      }
       uint64_t head = ring.written();
-      if (in_progress_start[v] != 0) head = ring.FindStart(h0[v], head, in_progress_start[v]);
+      if (start != 0) head = ring.FindStart(from, head, start);
       const ExitRing::SnapshotStats st =
           ring.SnapshotChunkedUpTo(head, options.max_exits_per_vcpu, chunk.get(), kChunk,
                                    [&](const ExitRecord* recs, size_t n) {

@@ -6,11 +6,14 @@
 // docs/dump-format.md (unchanged: the bytes are those of SerializeDump).
 #pragma once
 
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <type_traits>
 
 #include "exitscope/dump.h"
@@ -87,14 +90,21 @@ class DumpFile {
 };
 
 // The exits section on its way to a DumpFile: Add encodes each record into a block that stays
-// in cache, and each full block is checksummed there and written with one pwrite at the next
-// offset (no copy of the dump in memory, no fresh pages but the page cache's). The first 8
-// bytes of the section (the count) are known last: Finish writes them and combines the CRCs.
+// in cache, and each full block is checksummed there and handed to a writer thread that
+// pwrites it at the next offset while the next block is filled (two blocks: the copy into the
+// page cache, half of a dump's cost, runs beside the ring reading; no copy of the dump in
+// memory, no fresh pages but the page cache's). Without a thread (std::thread failed), blocks
+// are written inline. The first 8 bytes of the section (the count) are known last: Finish
+// writes them and combines the CRCs.
 class ExitStream {
  public:
-  static constexpr size_t kBlockRecords = 2048;  // 120 KiB: in L2 while checksummed and written
+  static constexpr size_t kBlockRecords = 2048;  // 120 KiB: in L2 while checksummed
 
   ExitStream(DumpFile* file, uint64_t section_offset, bool guest);
+  ~ExitStream();  // waits for the writer thread
+  ExitStream(const ExitStream&) = delete;
+  ExitStream& operator=(const ExitStream&) = delete;
+
   void Add(const DumpExit& e) noexcept {
     EncodeExit(e, guest_, block_.get() + in_block_ * kExitRecordSize);
     if (++in_block_ == kBlockRecords) Flush();
@@ -106,14 +116,24 @@ class ExitStream {
 
  private:
   void Flush() noexcept;
+  void WriterLoop() noexcept;
+  void StopWriter() noexcept;
   DumpFile* file_;
   uint64_t section_offset_;
   bool guest_;
-  std::unique_ptr<char[]> block_;
+  std::unique_ptr<char[]> block_, spare_;
   size_t in_block_ = 0;
   uint64_t records_ = 0;  // flushed
   uint32_t crc_ = 0;      // of the flushed records
-  Status status_;         // of the first failed write, else success
+
+  std::mutex mu_;  // the hand-off to the writer thread
+  std::condition_variable cv_;
+  const char* pending_ = nullptr;  // a block waiting for (or in) its pwrite
+  size_t pending_bytes_ = 0;
+  uint64_t pending_offset_ = 0;
+  bool stop_ = false;
+  Status status_;  // of the first failed write, else success (under mu_ with a writer)
+  std::thread writer_;
 };
 
 // The file SerializeDump makes, written to `f` as it is encoded (the exits a block at a time;

@@ -9,8 +9,10 @@
 #include <cstddef>
 #include <cstring>
 #include <string>
+#include <system_error>
 #include <type_traits>
 #include <unordered_map>
+#include <utility>
 
 #if defined(__x86_64__)
 #include <emmintrin.h>
@@ -470,20 +472,73 @@ ExitStream::ExitStream(DumpFile* file, uint64_t section_offset, bool guest)
     : file_(file),
       section_offset_(section_offset),
       guest_(guest),
-      block_(new char[kBlockRecords * kExitRecordSize]) {}
+      block_(new char[kBlockRecords * kExitRecordSize]),
+      spare_(new char[kBlockRecords * kExitRecordSize]) {
+  try {
+    writer_ = std::thread(&ExitStream::WriterLoop, this);
+  } catch (const std::system_error&) {
+    // No thread: Flush writes inline.
+  }
+}
+
+ExitStream::~ExitStream() {
+  StopWriter();
+}
+
+void ExitStream::WriterLoop() noexcept {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return pending_ != nullptr || stop_; });
+    if (pending_ == nullptr) return;  // stopped, nothing left
+    const char* p = pending_;
+    const size_t n = pending_bytes_;
+    const uint64_t off = pending_offset_;
+    const bool ok = static_cast<bool>(status_);
+    lock.unlock();
+    Status s = ok ? file_->WriteAt(p, n, off) : Status{};
+    lock.lock();
+    if (!s) status_ = std::move(s);
+    pending_ = nullptr;
+    cv_.notify_all();
+  }
+}
+
+void ExitStream::StopWriter() noexcept {
+  if (!writer_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  writer_.join();
+}
 
 void ExitStream::Flush() noexcept {
   const size_t bytes = in_block_ * kExitRecordSize;
-  if (status_ && bytes != 0) {
-    crc_ = Crc32Extend(crc_, block_.get(), bytes);
-    status_ = file_->WriteAt(block_.get(), bytes, section_offset_ + 8 + records_ * kExitRecordSize);
-  }
+  const uint64_t offset = section_offset_ + 8 + records_ * kExitRecordSize;
   records_ += in_block_;
   in_block_ = 0;
+  if (bytes == 0) return;
+  crc_ = Crc32Extend(crc_, block_.get(), bytes);
+  if (!writer_.joinable()) {
+    if (status_) status_ = file_->WriteAt(block_.get(), bytes, offset);
+    return;
+  }
+  {
+    // Wait until the writer is done with the spare block, then hand it this one.
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return pending_ == nullptr; });
+    pending_ = block_.get();
+    pending_bytes_ = bytes;
+    pending_offset_ = offset;
+  }
+  cv_.notify_all();
+  std::swap(block_, spare_);
 }
 
 Status ExitStream::Finish(uint32_t* crc) {
   Flush();
+  StopWriter();  // after the last block's pwrite
   if (!status_) return status_;
   char count[8];
   PutLe(count, records_, 8);

@@ -48,9 +48,9 @@ class DumpStreamTest : public ::testing::Test {
     AddressSpace& as = rec_->address_space();
     nvme_ = *as.AddDevice({.name = "nvme0", .kind = "nvme", .id = 0x0300});
     const uint32_t com = *as.AddDevice({.name = "com1", .kind = "uart16550"});
-    ASSERT_TRUE(as.AddRange(IoSpace::kMmio, 0xfebf0000, 0x4000, nvme_,
-                            *RegisterMap::Builtin("nvme"))
-                    .has_value());
+    ASSERT_TRUE(
+        as.AddRange(IoSpace::kMmio, 0xfebf0000, 0x4000, nvme_, *RegisterMap::Builtin("nvme"))
+            .has_value());
     ASSERT_TRUE(
         as.AddRange(IoSpace::kPio, 0x3f8, 8, com, *RegisterMap::Builtin("uart16550")).has_value());
     for (int i = 0; i < 150; ++i) {  // wraps vCPU 0's ring twice
@@ -142,7 +142,8 @@ TEST_F(DumpStreamTest, WriteDumpFileGivesSerializeDumpsBytes) {
 TEST_F(DumpStreamTest, AMapOnlyAnOldGenerationHasStillNamesTheRegister) {
   AddressSpace& as = rec_->address_space();
   const uint32_t blk = *as.AddDevice({.name = "nvme1", .kind = "nvme"});
-  auto map = std::make_shared<const RegisterMap>(**RegisterMap::Builtin("nvme"));  // not shared with nvme0
+  auto map =
+      std::make_shared<const RegisterMap>(**RegisterMap::Builtin("nvme"));  // not shared with nvme0
   ASSERT_TRUE(as.AddRange(IoSpace::kMmio, 0xfe000000, 0x4000, blk, map).has_value());
   rec_->BeginExit(3, ExitKind::kMmio, 0xfe001000, 4, AccessDir::kWrite, 1);
   rec_->EndExit(3);

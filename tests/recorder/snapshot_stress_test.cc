@@ -10,8 +10,8 @@
 
 #include <atomic>
 #include <cstdio>
-#include <memory>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -235,8 +235,8 @@ TEST(SnapshotStressTest, EveryFieldOfEveryStreamedDumpRecordIsWhole) {
   auto rec = MakeRecorder();
   ASSERT_FALSE(HasFailure());
   AddressSpace& as = rec->address_space();
-  const std::string path = ::testing::TempDir() + "exitscope-stream-stress-" +
-                           std::to_string(getpid()) + ".esdump";
+  const std::string path =
+      ::testing::TempDir() + "exitscope-stream-stress-" + std::to_string(getpid()) + ".esdump";
   std::atomic<bool> reading{false}, stop{false};
   std::vector<std::thread> vcpus;
   Joiner joiner{vcpus};

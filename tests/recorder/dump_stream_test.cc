@@ -4,8 +4,11 @@
 // attributes, named counters, wrapped rings, guest data on and off, and a register map only an
 // old address-space generation has (the fallback). WriteDumpFile, which now writes as it
 // encodes, gives SerializeDump's bytes too, and the CRC combination it relies on is checked
-// against the plain CRC.
+// against the plain CRC. A write failing in the middle leaves the previous dump intact.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -165,6 +168,42 @@ TEST_F(DumpStreamTest, FailuresLeaveNothingBehind) {
   ASSERT_FALSE(full.has_value());
   EXPECT_NE(full.error().message.find("character device"), std::string::npos);
   EXPECT_TRUE(fs::is_empty(dir_));
+}
+
+// A write that fails in the middle of the exits (on the writer thread: the file-size limit,
+// as a full disk would) fails the dump with the path and the reason, keeps the previous dump
+// byte for byte and leaves no temporary file. In a child, whose limit cannot leak.
+TEST_F(DumpStreamTest, AWriteFailingMidExitsKeepsThePreviousDump) {
+  const std::string path = (dir_ / "v.esdump").string();
+  ASSERT_TRUE(rec_->WriteDump(path).has_value());
+  const std::string before = Slurp(path);
+  RecorderOptions o;
+  o.num_vcpus = 2;
+  o.events_per_vcpu = 1 << 14;
+  o.start_watchdog = false;
+  auto big = std::move(*Recorder::Create(o));
+  for (uint32_t v = 0; v < 2; ++v) {
+    for (int i = 0; i < (1 << 14); ++i) {
+      big->BeginExit(v, ExitKind::kHlt);
+      big->EndExit(v);
+    }
+  }
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    signal(SIGXFSZ, SIG_IGN);
+    const rlimit lim{256 << 10, 256 << 10};  // the big dump is ~2 MB
+    if (setrlimit(RLIMIT_FSIZE, &lim) != 0) _exit(3);
+    const Status s = big->WriteDump(path);
+    if (s) _exit(4);
+    _exit(s.error().message.find(path + ": write failed: File too large") == 0 ? 0 : 5);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "4: the dump succeeded, 5: another message";
+  EXPECT_TRUE(Slurp(path) == before);
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator{}), 1);
 }
 
 TEST(DumpStreamCrc, CombineIsTheCrcOfTheConcatenation) {

@@ -1,32 +1,40 @@
 // recorder_scale: the recorder at the scale of a big guest (issue 12, part 5): 256 vCPU rings x
-// 65536 records, writers on every core at full speed while one reader snapshots and dumps.
+// 65536 records, writers on every core at full speed while one reader dumps.
 //
 //   build/bench/recorder_scale [--vcpus N] [--records N] [--writers N] [--dumps N]
-//                              [--file PATH]
+//                              [--compare N] [--file PATH]
 //
 // Writer thread w drives vCPUs w, w + W, w + 2W, ... (one thread per vCPU index, as the
 // recorder requires) with BeginExit/EndExit of MMIO and PIO exits on 64 NVMe BARs and a UART,
 // round robin, never waiting. The rings are filled once before the first dump. Then the reader
-// takes --dumps dumps: Recorder::Snapshot (copy + resolve + convert) and SerializeDump (the file
-// bytes, CRCs included), each timed on the wall clock and on the reader thread's CPU clock (on
-// a machine with fewer cores than writers + 1 the reader is time-sliced with the writers).
-// With --file, each dump's bytes are also written with WriteDumpFile (temp file, fsync,
-// rename), timed apart. It prints:
+// takes --dumps dumps with Recorder::WriteDump (the path WriteDump, es_write_dump and the dump
+// signal use: rings streamed to the file), each timed on the wall clock, on the CPU clocks of
+// all the dump's threads (the process's minus the writers': WriteDump has a writer thread)
+// and of the reader thread (on a machine with fewer cores than writers + 1 the dump is
+// time-sliced with the writers), then reads every file back with ReadDump for the accounting. In the same
+// run, for ratios: --compare dumps the old way (Recorder::Snapshot into a fresh Dump +
+// SerializeDump into a fresh string, in memory: what WriteDump did before), and the floors of
+// this machine: pwrite of as many bytes from one cached block to a new file in the same
+// directory, and memcpy of as many bytes into fresh and into mapped memory. It prints:
 //
 //   records recorded per second (all writers, without a reader and while dumping);
-//   per dump: snapshot, serialise and total ms, bytes, heap allocations;
-//   dump 256 vCPUs x 65536 records: T ms, B bytes        (T: median total, wall clock)
-//   the accounting of every dump: written = read + overwritten + skipped, exactly, where
-//   written and overwritten are the dump's per-vCPU counters (the ring head the snapshot
-//   copied from), read the records it holds and skipped those this snapshot found torn or
-//   overwritten while copying. Exit status 1 if the identity fails for any dump, 2 on a bad
-//   flag.
+//   per dump: ms (wall, reader CPU, system, page faults), bytes;
+//   dump 256 vCPUs x 65536 records: T ms, B bytes   (T: median WriteDump, wall clock)
+//   the accounting of every dump, read from its file: written = read + overwritten + skipped,
+//   exactly, where written and overwritten are the dump's per-vCPU counters (the ring head
+//   the dump copied up to), read the records it holds and skipped those this dump found torn
+//   or overwritten while copying. Exit status 1 if the identity fails for any dump or a dump
+//   fails, 2 on a bad flag.
 //
-// Heap allocations of the reader thread are counted by replacing operator new (as in
-// recorder_benchmark.cc).
+// --file defaults to /dev/shm (tmpfs): the dump's cost without the disk's (a dump to disk is
+// the same work plus the device's write-back, which fsync waits for: give --file on disk to
+// see it).
+#include <fcntl.h>
 #include <pthread.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -81,8 +89,9 @@ struct Options {
   uint32_t vcpus = 256;
   uint64_t records = 65536;
   uint32_t writers = 0;  // 0: one per online CPU
-  int dumps = 6;
-  std::string file;
+  int dumps = 4;
+  int compare = 1;
+  std::string file;  // default: /dev/shm/recorder_scale-<pid>.esdump
 };
 
 constexpr uint64_t kBase = 0xc0000000;
@@ -148,16 +157,18 @@ Options ParseArgs(int argc, char** argv) {
     if (a == "--help" || a == "-h") {
       std::printf(
           "usage: recorder_scale [--vcpus N] [--records N] [--writers N] [--dumps N] "
-          "[--file PATH]\n"
+          "[--compare N] [--file PATH]\n"
           "  Writers record exits on every vCPU ring at full speed while one reader takes\n"
-          "  dumps (Recorder::Snapshot + SerializeDump); prints records/s, the time and size\n"
-          "  of each dump and the accounting written = read + overwritten + skipped.\n"
+          "  dumps (Recorder::WriteDump, read back with ReadDump); prints records/s, the time\n"
+          "  and size of each dump, the accounting written = read + overwritten + skipped,\n"
+          "  the old in-memory path and this machine's floors for comparison.\n"
           "  --vcpus N     vCPU rings (default 256, 1..4096)\n"
           "  --records N   records per ring (default 65536, 2..16777216; a power of two)\n"
           "  --writers N   writer threads (default: one per online CPU)\n"
-          "  --dumps N     dumps to take while the writers run (default 6: alternately fresh and\n"
-          "                into kept storage)\n"
-          "  --file PATH   also write each dump to PATH with WriteDumpFile (timed apart)\n"
+          "  --dumps N     WriteDump dumps while the writers run (default 4)\n"
+          "  --compare N   dumps the old way (Snapshot + SerializeDump, in memory; default 1)\n"
+          "  --file PATH   the dump file (default /dev/shm/recorder_scale-PID.esdump, removed\n"
+          "                at the end); its directory gets the floor's file too\n"
           "Exit status: 0 ok, 1 the accounting failed, 2 bad usage.\n");
       std::exit(0);
     } else if (a == "--vcpus") {
@@ -169,6 +180,8 @@ Options ParseArgs(int argc, char** argv) {
       o.writers = static_cast<uint32_t>(ParseCount("--writers", next(), 1, 4096));
     } else if (a == "--dumps") {
       o.dumps = static_cast<int>(ParseCount("--dumps", next(), 1, 1000));
+    } else if (a == "--compare") {
+      o.compare = static_cast<int>(ParseCount("--compare", next(), 0, 1000));
     } else if (a == "--file") {
       o.file = next();
       if (o.file.empty()) Usage("--file: empty path");
@@ -178,6 +191,7 @@ Options ParseArgs(int argc, char** argv) {
   }
   if (o.writers == 0) o.writers = std::max(1u, std::thread::hardware_concurrency());
   o.writers = std::min(o.writers, o.vcpus);
+  if (o.file.empty()) o.file = "/dev/shm/recorder_scale-" + std::to_string(getpid()) + ".esdump";
   return o;
 }
 
@@ -276,53 +290,58 @@ int main(int argc, char** argv) {
               static_cast<double>(filled) / fill_ms / 1e3, static_cast<unsigned long long>(filled),
               fill_ms);
 
-  std::vector<double> totals, snaps, sers, cpus, files, kept_totals, kept_cpus;
-  std::vector<uint64_t> prev_skipped(o.vcpus, 0);
-  bool identity_ok = true;
-  size_t bytes = 0;
-  const uint64_t during0 = total_done();
-  const double during_t0 = WallMs();
-  Dump kept_dump;          // reused by the "kept storage" dumps
-  std::string kept_bytes;  // likewise
-  for (int k = 0; k < o.dumps; ++k) {
-    // Odd dumps as most callers take them (a new Dump and a new string: fresh memory); even
-    // dumps into the Dump and the string of the previous even dump (memory already mapped).
-    const bool reuse = k % 2 == 1;
-    Dump fresh_dump;
-    std::string fresh_bytes;
-    Dump& d = reuse ? kept_dump : fresh_dump;
-    std::string& b = reuse ? kept_bytes : fresh_bytes;
-    const uint64_t a0 = g_allocs;
+  // The CPU of a dump: the reader thread's, and that of all the threads the dump ran (the
+  // process's CPU minus the writers', so a helper thread of WriteDump is counted too).
+  std::vector<clockid_t> writer_clocks;
+  for (auto& t : writers) {
+    clockid_t c;
+    if (pthread_getcpuclockid(t.native_handle(), &c) == 0) writer_clocks.push_back(c);
+  }
+  auto cpu_ms = [](clockid_t c) {
+    timespec ts{};
+    clock_gettime(c, &ts);
+    return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
+  };
+  auto dump_threads_cpu = [&] {
+    double v = cpu_ms(CLOCK_PROCESS_CPUTIME_ID);
+    if (!stop.load()) {
+      for (clockid_t c : writer_clocks) v -= cpu_ms(c);
+    }
+    return v;
+  };
+  struct Timed {
+    double wall = 0, cpu = 0, all_cpu = 0, sys = 0;
+    uint64_t faults = 0;
+  };
+  auto timed = [&](auto&& fn) {
     const ThreadUsage u0 = Usage();
     const double c0 = ThreadCpuMs();
+    const double a0 = dump_threads_cpu();
     const double t0 = WallMs();
-    if (reuse) {
-      rec.Snapshot({}, &d);
-    } else {
-      d = rec.Snapshot();
-    }
-    const double t1 = WallMs();
-    if (reuse) {
-      SerializeDump(d, {}, &b);
-    } else {
-      b = SerializeDump(d);
-    }
-    const double t2 = WallMs();
-    const double c2 = ThreadCpuMs();
-    const ThreadUsage u2 = Usage();
-    const uint64_t allocs = g_allocs - a0;
-    bytes = b.size();
-    double file_ms = 0;
-    if (!o.file.empty()) {
-      const double f0 = WallMs();
-      const Status s = WriteDumpFile(d, o.file);
-      file_ms = WallMs() - f0;
-      if (!s) {
-        std::fprintf(stderr, "recorder_scale: %s\n", s.error().message.c_str());
-        return 1;
-      }
-      files.push_back(file_ms);
-    }
+    fn();
+    Timed t;
+    t.wall = WallMs() - t0;
+    t.cpu = ThreadCpuMs() - c0;
+    t.all_cpu = dump_threads_cpu() - a0;
+    const ThreadUsage u1 = Usage();
+    t.sys = u1.sys_ms - u0.sys_ms;
+    t.faults = u1.minflt - u0.minflt;
+    return t;
+  };
+  auto show = [](const Timed& t) {
+    return std::to_string(static_cast<long long>(t.wall)) + " ms wall (CPU " +
+           std::to_string(static_cast<long long>(t.all_cpu)) + " ms in all its threads; reader " +
+           std::to_string(static_cast<long long>(t.cpu)) + " ms, of which system " +
+           std::to_string(static_cast<long long>(t.sys)) + " ms; " + std::to_string(t.faults) +
+           " page faults)";
+  };
+
+  std::vector<double> walls, cpus;
+  std::vector<uint64_t> prev_skipped(o.vcpus, 0);
+  bool identity_ok = true;
+  uint64_t bytes = 0;
+  // The accounting of one dump, from what ReadDump gives back.
+  auto account = [&](const Dump& d, const char* what) {
     Counts c;
     for (const DumpVcpu& v : d.vcpus) {
       c.read += v.exits.size();
@@ -333,60 +352,123 @@ int main(int argc, char** argv) {
     }
     const bool ok = c.written == c.read + c.overwritten + c.skipped;
     identity_ok = identity_ok && ok;
-    (reuse ? kept_totals : totals).push_back(t2 - t0);
-    if (!reuse) {
-      snaps.push_back(t1 - t0);
-      sers.push_back(t2 - t1);
-      cpus.push_back(c2 - c0);
-    } else {
-      kept_cpus.push_back(c2 - c0);
-    }
     std::printf(
-        "dump %d (%s): snapshot %.1f ms + serialise %.1f ms = %.1f ms wall (reader CPU %.1f ms, "
-        "of which system %.1f ms; %llu page faults), %zu bytes, %llu allocations%s\n",
-        k + 1, reuse ? "storage kept" : "fresh", t1 - t0, t2 - t1, t2 - t0, c2 - c0,
-        u2.sys_ms - u0.sys_ms, static_cast<unsigned long long>(u2.minflt - u0.minflt), b.size(),
-        static_cast<unsigned long long>(allocs),
-        o.file.empty() ? ""
-                       : (", file " + std::to_string(static_cast<int>(file_ms)) + " ms").c_str());
-    std::printf("  accounting: written %llu %s read %llu + overwritten %llu + skipped %llu%s\n",
-                static_cast<unsigned long long>(c.written),
-                ok ? "=" : "!=", static_cast<unsigned long long>(c.read),
-                static_cast<unsigned long long>(c.overwritten),
-                static_cast<unsigned long long>(c.skipped), ok ? "" : "  MISMATCH");
+        "  accounting (%s): written %llu %s read %llu + overwritten %llu + skipped %llu%s\n", what,
+        static_cast<unsigned long long>(c.written),
+        ok ? "=" : "!=", static_cast<unsigned long long>(c.read),
+        static_cast<unsigned long long>(c.overwritten), static_cast<unsigned long long>(c.skipped),
+        ok ? "" : "  MISMATCH");
+  };
+  auto write_dump = [&](const char* label) -> bool {
+    Status st;
+    const Timed t = timed([&] { st = rec.WriteDump(o.file); });
+    if (!st) {
+      std::fprintf(stderr, "recorder_scale: %s\n", st.error().message.c_str());
+      return false;
+    }
+    Result<Dump> back = ReadDump(o.file);
+    if (!back) {
+      std::fprintf(stderr, "recorder_scale: reading the dump back: %s\n",
+                   back.error().message.c_str());
+      return false;
+    }
+    struct stat sb {};
+    stat(o.file.c_str(), &sb);
+    bytes = static_cast<uint64_t>(sb.st_size);
+    std::printf("%s: WriteDump %s, %llu bytes\n", label, show(t).c_str(),
+                static_cast<unsigned long long>(bytes));
+    account(*back, "from the file");
+    if (std::string(label).starts_with("dump ")) {
+      walls.push_back(t.wall);
+      cpus.push_back(t.all_cpu);
+    }
+    return true;
+  };
+
+  const uint64_t during0 = total_done();
+  const double during_t0 = WallMs();
+  for (int k = 0; k < o.dumps; ++k) {
+    if (!write_dump(("dump " + std::to_string(k + 1)).c_str())) return 1;
+  }
+  // The old way, in the same run: a fresh Dump and a fresh string (what WriteDump did).
+  std::vector<double> old_walls, old_cpus;
+  for (int k = 0; k < o.compare; ++k) {
+    Dump d;
+    std::string b;
+    const uint64_t a0 = g_allocs;
+    const Timed t = timed([&] {
+      d = rec.Snapshot();
+      b = SerializeDump(d);
+    });
+    old_walls.push_back(t.wall);
+    old_cpus.push_back(t.all_cpu);
+    std::printf(
+        "old way %d (Snapshot + SerializeDump, fresh, in memory): %s, %zu bytes, %llu "
+        "allocations\n",
+        k + 1, show(t).c_str(), b.size(), static_cast<unsigned long long>(g_allocs - a0));
+    account(d, "in memory");
+  }
+  // Floors of this machine for as many bytes, in the same conditions (writers running).
+  {
+    constexpr size_t kBlock = 120 * 1024;
+    std::vector<char> block(kBlock, 'x');
+    const std::string floor_path = o.file + ".floor";
+    int fd = open(floor_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      const Timed t = timed([&] {
+        for (uint64_t off = 0; off < bytes; off += kBlock) {
+          const size_t n = static_cast<size_t>(std::min<uint64_t>(kBlock, bytes - off));
+          if (pwrite(fd, block.data(), n, static_cast<off_t>(off)) != static_cast<ssize_t>(n)) {
+            break;
+          }
+        }
+        (void)fsync(fd);
+      });
+      close(fd);
+      unlink(floor_path.c_str());
+      std::printf("floor: pwrite %llu bytes from one cached block to a new file there: %s\n",
+                  static_cast<unsigned long long>(bytes), show(t).c_str());
+    }
+    std::unique_ptr<char[]> src(new char[bytes]);
+    std::memset(src.get(), 1, bytes);
+    std::unique_ptr<char[]> dst(new char[bytes]);
+    const Timed fresh = timed([&] { std::memcpy(dst.get(), src.get(), bytes); });
+    const Timed mapped = timed([&] { std::memcpy(dst.get(), src.get(), bytes); });
+    std::printf("floor: memcpy %llu bytes into fresh memory: %s\n",
+                static_cast<unsigned long long>(bytes), show(fresh).c_str());
+    std::printf("floor: memcpy %llu bytes into mapped memory: %s\n",
+                static_cast<unsigned long long>(bytes), show(mapped).c_str());
   }
   const double during_ms = WallMs() - during_t0;
   const uint64_t during = total_done() - during0;
   stop.store(true);
   for (auto& t : writers) t.join();
 
-  // One more into kept storage with the writers stopped: the reader alone (on a shared machine,
-  // still beside whatever else runs there).
-  if (!kept_totals.empty()) {
-    const double c0 = ThreadCpuMs();
-    const double t0 = WallMs();
-    rec.Snapshot({}, &kept_dump);
-    SerializeDump(kept_dump, {}, &kept_bytes);
-    std::printf("dump after the writers stopped (storage kept): %.1f ms wall, reader CPU %.1f ms\n",
-                WallMs() - t0, ThreadCpuMs() - c0);
-  }
+  // One more with the writers stopped: the reader alone (on a shared machine, still beside
+  // whatever else runs there).
+  if (!write_dump("after the writers stopped")) return 1;
+  unlink(o.file.c_str());
   std::printf("records recorded per second (while dumping): %.1f M/s\n",
               static_cast<double>(during) / during_ms / 1e3);
-  std::printf(
-      "fresh dumps: snapshot median %.1f ms, serialise median %.1f ms, reader CPU median %.1f "
-      "ms%s\n",
-      Median(snaps), Median(sers), Median(cpus),
-      files.empty()
-          ? ""
-          : (", WriteDumpFile median " + std::to_string(static_cast<int>(Median(files))) + " ms")
-                .c_str());
-  if (!kept_totals.empty()) {
-    std::printf("dumps with storage kept: median %.1f ms wall, reader CPU median %.1f ms\n",
-                Median(kept_totals), Median(kept_cpus));
+  std::printf("WriteDump: median %.1f ms wall, CPU (all its threads) median %.1f ms\n",
+              Median(walls), Median(cpus));
+  if (!old_walls.empty()) {
+    std::printf("old way: median %.1f ms wall, CPU median %.1f ms (%.1fx, %.1fx CPU)\n",
+                Median(old_walls), Median(old_cpus), Median(old_walls) / Median(walls),
+                Median(old_cpus) / Median(cpus));
   }
-  std::printf("dump %u vCPUs x %llu records: %.0f ms, %zu bytes\n", o.vcpus,
-              static_cast<unsigned long long>(o.records), Median(totals), bytes);
+  std::printf("load average: %s", [] {
+    static char buf[128] = "?\n";
+    if (FILE* f = std::fopen("/proc/loadavg", "r")) {
+      if (std::fgets(buf, sizeof buf, f) == nullptr) std::snprintf(buf, sizeof buf, "?\n");
+      std::fclose(f);
+    }
+    return buf;
+  }());
+  std::printf("dump %u vCPUs x %llu records: %.0f ms, %llu bytes\n", o.vcpus,
+              static_cast<unsigned long long>(o.records), Median(walls),
+              static_cast<unsigned long long>(bytes));
   std::printf("accounting: written = read + overwritten + skipped %s for all %d dumps\n",
-              identity_ok ? "holds exactly" : "FAILS", o.dumps);
+              identity_ok ? "holds exactly" : "FAILS", o.dumps + o.compare + 1);
   return identity_ok ? 0 : 1;
 }

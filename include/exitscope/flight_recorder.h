@@ -104,8 +104,16 @@ class EXITSCOPE_EXPORT ExitRing {
   template <typename Consume>
   SnapshotStats SnapshotChunked(uint64_t max, ExitRecord* chunk, size_t chunk_len,
                                 Consume&& consume) const {
+    return SnapshotChunkedUpTo(head_.load(std::memory_order_acquire), max, chunk, chunk_len,
+                               consume);
+  }
+  // SnapshotChunked as of an earlier head: the records before index `head` (a value written()
+  // returned), as if the snapshot had been taken when the ring held exactly `head` records.
+  template <typename Consume>
+  SnapshotStats SnapshotChunkedUpTo(uint64_t head, uint64_t max, ExitRecord* chunk,
+                                    size_t chunk_len, Consume&& consume) const {
     SnapshotStats st;
-    st.written = head_.load(std::memory_order_acquire);
+    st.written = head;
     for (uint64_t n = FirstWanted(st.written, max); n < st.written;) {
       const uint64_t end = st.written - n > chunk_len ? n + chunk_len : st.written;
       const uint64_t got = CopyRange(n, end, chunk);
@@ -118,6 +126,11 @@ class EXITSCOPE_EXPORT ExitRing {
     return st;
   }
   uint64_t ReadFrom(uint64_t* next, std::vector<ExitRecord>* out) const;  // ring_read.cc
+
+  // The index in [from, to) (to <= written()) of the record that started at `start_ticks` (an
+  // exit a reader saw in progress, if it has ended and reached the ring since), else `to`.
+  // Looks only at records still held, and stops at the first intact one that started later.
+  uint64_t FindStart(uint64_t from, uint64_t to, uint64_t start_ticks) const noexcept;
 
   RingCounters counters() const noexcept;
   uint64_t capacity() const noexcept { return mask_ + 1; }

@@ -260,7 +260,10 @@ class EXITSCOPE_EXPORT Recorder {
   // fresh ones, which on a nested-virtualisation host cost more than the copy
   // (docs/recorder.md, "Scale").
   void Snapshot(const DumpOptions& options, Dump* out) const;
-  // Snapshot() written to `path` (atomically: temp file + rename).
+  // Snapshot() written to `path` (atomically: temp file + rename), streamed: each ring is
+  // copied a chunk at a time into file records and written out, without a Dump or a copy of
+  // the file in memory (docs/recorder.md, "Scale"). The same bytes as
+  // WriteDumpFile(Snapshot(options), path, options) would give at that instant.
   Status WriteDump(const std::string& path, const DumpOptions& options = {}) const;
   // On signal `signo` (e.g. SIGUSR1), a background thread writes a dump into `directory`
   // as exitscope-<comm>-<pid>-<YYYYmmddTHHMMSS>-<n>.esdump and logs its path. The handler only
@@ -299,6 +302,14 @@ class EXITSCOPE_EXPORT Recorder {
   void SlowPath(const ExitRecord& r, uint64_t stalled_exit_no) noexcept;
   // Keeps `f` in the findings ring, calls the finding hook, and logs its line if `log`.
   void AddFinding(FindingRecord f, bool log);
+  // Parts of Snapshot (recorder.cc), shared with the streamed WriteDump (dump_stream.cc):
+  // times, process, host, watchdog and address space (maps indexed in *map_index); the
+  // in-progress exit of `vcpu` (duration up to `now_ticks`); device events, findings,
+  // attributes and named counters.
+  void SnapshotMetadata(const DumpOptions& options, Dump* d,
+                        std::map<const RegisterMap*, uint32_t>* map_index) const;
+  bool ReadInProgress(uint32_t vcpu, uint64_t now_ticks, ExitRecord* out) const;
+  void SnapshotEvents(Dump* d) const;
 
   [[gnu::always_inline]] void EndExitImpl(uint32_t vcpu, uint64_t value, bool has_value) noexcept {
     if (__builtin_expect(vcpu >= num_vcpus_, 0)) return CountBadVcpu();

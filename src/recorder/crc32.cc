@@ -150,4 +150,31 @@ bool Crc32UsesClmul() noexcept {
 #endif
 }
 
+namespace {
+// Multiplication modulo the (reflected) polynomial: bit 31 is x^0 (zlib's multmodp).
+uint32_t MultModP(uint32_t a, uint32_t b) noexcept {
+  uint32_t m = 1u << 31, p = 0;
+  for (;;) {
+    if ((a & m) != 0) {
+      p ^= b;
+      if ((a & (m - 1)) == 0) break;
+    }
+    m >>= 1;
+    b = (b & 1) != 0 ? (b >> 1) ^ 0xedb88320u : b >> 1;
+  }
+  return p;
+}
+}  // namespace
+
+uint32_t Crc32Combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) noexcept {
+  // x^(8 len_b) mod P by squaring: x2n holds x^(2^k) for the current bit k of 8 len_b.
+  uint32_t x2n = 1u << 30;  // x^1
+  uint32_t p = 1u << 31;    // x^0
+  for (uint64_t n = len_b * 8; n != 0; n >>= 1) {
+    if ((n & 1) != 0) p = MultModP(x2n, p);
+    x2n = MultModP(x2n, x2n);
+  }
+  return MultModP(p, crc_a) ^ crc_b;
+}
+
 }  // namespace exitscope::internal

@@ -20,6 +20,11 @@ inline uint32_t Crc32Of(std::string_view data) noexcept {
   return Crc32Extend(0, data.data(), data.size());
 }
 
+// The CRC of A followed by B from crc_a = CRC(A), crc_b = CRC(B) and len_b = |B| (as zlib's
+// crc32_combine): O(log len_b), so a section whose first bytes are known last (the exits
+// count of a streamed dump) is checksummed in one pass over the rest.
+uint32_t Crc32Combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) noexcept;
+
 // The portable paths, exposed for the tests: one byte at a time, and slice-by-8.
 uint32_t Crc32ExtendBytewise(uint32_t crc, const void* data, size_t size) noexcept;
 uint32_t Crc32ExtendSlice8(uint32_t crc, const void* data, size_t size) noexcept;

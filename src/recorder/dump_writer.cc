@@ -9,8 +9,10 @@
 #include <cstddef>
 #include <cstring>
 #include <string>
+#include <system_error>
 #include <type_traits>
 #include <unordered_map>
+#include <utility>
 
 #if defined(__x86_64__)
 #include <emmintrin.h>
@@ -18,6 +20,7 @@
 
 #include "exitscope/dump.h"
 #include "recorder/crc32.h"
+#include "recorder/dump_file.h"
 #include "recorder/dump_format.h"
 
 namespace exitscope {
@@ -87,27 +90,6 @@ void PutExit(Writer& w, const DumpExit& e, bool guest_data) {
   w.U32(e.map);  // since version 2
 }
 
-// DumpExit's first kExitRecordSize bytes are the file's exit record (docs/dump-format.md) on
-// little-endian x86-64, so the exits section is written with one memcpy per record.
-static_assert(offsetof(DumpExit, start_ns) == 0 && offsetof(DumpExit, duration_ns) == 8 &&
-              offsetof(DumpExit, addr) == 16 && offsetof(DumpExit, value) == 24 &&
-              offsetof(DumpExit, vcpu) == 32 && offsetof(DumpExit, device) == 36 &&
-              offsetof(DumpExit, reg) == 40 && offsetof(DumpExit, reg_element) == 44 &&
-              offsetof(DumpExit, reg_delta) == 48 && offsetof(DumpExit, kind) == 52 &&
-              offsetof(DumpExit, size) == 53 && offsetof(DumpExit, dir) == 54 &&
-              offsetof(DumpExit, flags) == 55 && offsetof(DumpExit, map) == 56 &&
-              kExitRecordSize == 60 && sizeof(DumpExit) >= kExitRecordSize);
-static_assert(std::is_trivially_copyable_v<DumpExit>);
-
-// The same bytes as PutExit.
-inline void EncodeExit(const DumpExit& e, bool guest_data, char* dst) {
-  std::memcpy(dst, &e, kExitRecordSize);
-  if (!guest_data) {
-    std::memset(dst + offsetof(DumpExit, value), 0, sizeof e.value);
-    dst[offsetof(DumpExit, flags)] = static_cast<char>(e.flags & ~kExitFlagValue);
-  }
-}
-
 // memcpy for big outputs: 16-byte non-temporal stores where aligned (SSE2, part of x86-64),
 // plain copies for the edges. StreamFence() orders them before anything that follows.
 void StreamCopy(char* dst, const char* src, size_t n) {
@@ -153,9 +135,12 @@ void SerializeDump(const Dump& d, const DumpOptions& opts, std::string* out) {
   SerializeInto(d, opts, out, true);
 }
 
-namespace {
-void SerializeInto(const Dump& d, const DumpOptions& opts, std::string* out, bool headroom) {
+namespace internal {
+
+void BuildSections(const Dump& d, const DumpOptions& opts, const uint64_t* exit_counts,
+                   DumpSections* out) {
   const bool guest = opts.include_guest_data && d.includes_guest_data;
+  out->guest = guest;
   Strings strings;
   Writer sec[kSectionCount + 1];
 
@@ -242,18 +227,22 @@ void SerializeInto(const Dump& d, const DumpOptions& opts, std::string* out, boo
       w.U32(r.map);
     }
   }
-  uint64_t total = 0;  // exit records; the exits section is written straight into *out below
-  for (const DumpVcpu& c : d.vcpus) total += c.exits.size();
+  uint64_t total = 0;  // exit records; the exits section is written by the caller
+  auto count_of = [&](size_t i) -> uint64_t {
+    return exit_counts != nullptr ? exit_counts[i] : d.vcpus[i].exits.size();
+  };
+  for (size_t i = 0; i < d.vcpus.size(); ++i) total += count_of(i);
   {
     Writer& v = sec[kVcpus];
     v.U32(static_cast<uint32_t>(d.vcpus.size()));
-    for (const DumpVcpu& c : d.vcpus) {
+    for (size_t i = 0; i < d.vcpus.size(); ++i) {
+      const DumpVcpu& c = d.vcpus[i];
       v.U32(c.vcpu);
       v.U64(c.counters.capacity);
       v.U64(c.counters.written);
       v.U64(c.counters.overwritten);
       v.U64(c.counters.skipped);
-      v.U64(c.exits.size());
+      v.U64(count_of(i));
       v.U8(c.in_progress ? 1 : 0);
       if (c.in_progress) PutExit(v, *c.in_progress, guest);
       v.U32(static_cast<uint32_t>(c.named_counters.size()));
@@ -299,17 +288,56 @@ void SerializeInto(const Dump& d, const DumpOptions& opts, std::string* out, boo
   }
   sec[kStrings].buf() = strings.data();
 
-  // Layout: header, section table, sections in id order. One allocation of the file's size,
-  // written once: the small sections are copied in; the exits section (nearly all of a big
-  // dump) is encoded in place, its CRC folded a block at a time while the block is in cache.
-  uint64_t size[kSectionCount + 1] = {}, offset[kSectionCount + 1] = {};
-  uint32_t crc[kSectionCount + 1] = {};
+  // Layout: header, section table, sections in id order.
+  out->total_exits = total;
   uint64_t file_size = kHeaderSize + kSectionCount * kSectionEntrySize;
   for (uint32_t id = 1; id <= kSectionCount; ++id) {
-    size[id] = id == kExits ? 8 + total * kExitRecordSize : sec[id].buf().size();
-    offset[id] = file_size;
-    file_size += size[id];
+    out->bytes[id] = id == kExits ? std::string() : std::move(sec[id].buf());
+    out->size[id] = id == kExits ? 8 + total * kExitRecordSize : out->bytes[id].size();
+    out->offset[id] = file_size;
+    file_size += out->size[id];
   }
+  out->file_size = file_size;
+}
+
+std::string HeaderAndTable(const DumpSections& s, const uint32_t (&crc)[kSectionCount + 1]) {
+  Writer table;
+  for (uint32_t id = 1; id <= kSectionCount; ++id) {
+    table.U32(id);
+    table.U32(0);
+    table.U64(s.offset[id]);
+    table.U64(s.size[id]);
+    table.U32(crc[id]);
+    table.U32(0);
+  }
+  Writer h;
+  h.buf().append(kDumpMagic, 8);
+  h.U32(kDumpVersion);
+  h.U32(kHeaderSize);
+  h.U32(s.guest ? kFlagGuestData : 0);
+  h.U32(kSectionCount);
+  h.U64(s.file_size);
+  h.U32(Crc32Of(table.buf()));
+  h.U32(0);  // header crc, patched below
+  h.buf().resize(kHeaderSize, '\0');
+  PutLe(h.buf().data() + 36, Crc32Of(h.buf()), 4);
+  return h.buf() + table.buf();
+}
+
+}  // namespace internal
+
+namespace {
+
+void SerializeInto(const Dump& d, const DumpOptions& opts, std::string* out, bool headroom) {
+  DumpSections s;
+  BuildSections(d, opts, nullptr, &s);
+  const bool guest = s.guest;
+  const uint64_t total = s.total_exits;
+  const uint64_t file_size = s.file_size;
+  uint32_t crc[kSectionCount + 1] = {};
+  // One allocation of the file's size, written once: the small sections are copied in; the
+  // exits section (nearly all of a big dump) is encoded in place, its CRC folded a block at a
+  // time while the block is in cache.
   // Growing: nothing to keep (and libstdc++ 12 would copy the old bytes). The operation is
   // told the new size, but libstdc++ 12 may pass a larger one (its growth policy leaks into n),
   // so it returns file_size, not n.
@@ -320,11 +348,11 @@ void SerializeInto(const Dump& d, const DumpOptions& opts, std::string* out, boo
   out->resize_and_overwrite(file_size, [&](char* p, size_t) {
     for (uint32_t id = 1; id <= kSectionCount; ++id) {
       if (id == kExits) continue;
-      const std::string& b = sec[id].buf();
-      if (!b.empty()) std::memcpy(p + offset[id], b.data(), b.size());
+      const std::string& b = s.bytes[id];
+      if (!b.empty()) std::memcpy(p + s.offset[id], b.data(), b.size());
       crc[id] = Crc32Of(b);
     }
-    char* x = p + offset[kExits];
+    char* x = p + s.offset[kExits];
     PutLe(x, total, 8);
     uint32_t c = Crc32Extend(0, x, 8);
     // Records are encoded into a block that stays in L1, checksummed there, then streamed
@@ -349,36 +377,34 @@ void SerializeInto(const Dump& d, const DumpOptions& opts, std::string* out, boo
     flush();
     StreamFence();
     crc[kExits] = c;
-
-    Writer table;
-    for (uint32_t id = 1; id <= kSectionCount; ++id) {
-      table.U32(id);
-      table.U32(0);
-      table.U64(offset[id]);
-      table.U64(size[id]);
-      table.U32(crc[id]);
-      table.U32(0);
-    }
-    Writer h;
-    h.buf().append(kDumpMagic, 8);
-    h.U32(kDumpVersion);
-    h.U32(kHeaderSize);
-    h.U32(guest ? kFlagGuestData : 0);
-    h.U32(kSectionCount);
-    h.U64(file_size);
-    h.U32(Crc32Of(table.buf()));
-    h.U32(0);  // header crc, patched below
-    h.buf().resize(kHeaderSize, '\0');
-    PutLe(h.buf().data() + 36, Crc32Of(h.buf()), 4);
-    std::memcpy(p, h.buf().data(), kHeaderSize);
-    std::memcpy(p + kHeaderSize, table.buf().data(), table.buf().size());
+    const std::string head = HeaderAndTable(s, crc);
+    std::memcpy(p, head.data(), head.size());
     return static_cast<size_t>(file_size);
   });
 }
 
 }  // namespace
 
-Status WriteDumpFile(const Dump& dump, const std::string& path, const DumpOptions& opts) {
+// ---- Dump files --------------------------------------------------------------------------
+
+namespace internal {
+
+DumpFile::~DumpFile() {
+  if (fd_ >= 0) {
+    close(fd_);
+    unlink(tmp_.c_str());
+  }
+}
+
+Status DumpFile::IoError(const char* what, int err) {
+  close(fd_);
+  fd_ = -1;
+  unlink(tmp_.c_str());
+  return Fail(ErrorCode::kIo, path_ + ": " + what + " failed: " + std::strerror(err));
+}
+
+Status DumpFile::Open(const std::string& path) {
+  path_ = path;
   // Never replace anything but a regular file: not a device node (/dev/null, /dev/full), FIFO,
   // socket, directory, nor a symlink (lstat does not follow it; rename would replace the link).
   struct stat st;
@@ -392,51 +418,159 @@ Status WriteDumpFile(const Dump& dump, const std::string& path, const DumpOption
     return Fail(ErrorCode::kInvalidArgument,
                 path + ": exists and is " + what + "; a dump only replaces a regular file");
   }
-  const std::string bytes = SerializeDump(dump, opts);
   // The temporary file is new (O_EXCL) and opened without following a symlink planted at its
   // name; it lives beside `path` so that rename() is atomic.
-  const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0640);
+  tmp_ = path + ".tmp." + std::to_string(getpid());
+  int fd = open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0640);
   if (fd < 0 && errno == EEXIST) {
     // Left behind by a killed writer with our pid: remove it only if it is a regular file.
-    if (lstat(tmp.c_str(), &st) == 0 && S_ISREG(st.st_mode) && unlink(tmp.c_str()) == 0) {
-      fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0640);
+    if (lstat(tmp_.c_str(), &st) == 0 && S_ISREG(st.st_mode) && unlink(tmp_.c_str()) == 0) {
+      fd = open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0640);
     } else {
       errno = EEXIST;
     }
   }
   if (fd < 0) return Fail(ErrorCode::kIo, path + ": cannot create: " + std::strerror(errno));
+  fd_ = fd;
+  return {};
+}
+
+Status DumpFile::WriteAt(const void* data, size_t n, uint64_t offset) {
+  if (fd_ < 0) return Fail(ErrorCode::kIo, path_ + ": write failed: file not open");
+  const char* p = static_cast<const char*>(data);
   size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = n == 0 ? ENOSPC : errno;
-      close(fd);
-      unlink(tmp.c_str());
-      return Fail(ErrorCode::kIo, path + ": write failed: " + std::strerror(err));
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (fsync(fd) != 0 && errno != EINVAL) {
-    const int err = errno;
-    close(fd);
-    unlink(tmp.c_str());
-    return Fail(ErrorCode::kIo, path + ": fsync failed: " + std::strerror(err));
-  }
-  close(fd);
-  // Checked again just before the rename: the path may have changed since the first check.
-  if (lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
-    unlink(tmp.c_str());
-    return Fail(ErrorCode::kInvalidArgument,
-                path + ": exists and is not a regular file; a dump only replaces a regular file");
-  }
-  if (rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    unlink(tmp.c_str());
-    return Fail(ErrorCode::kIo, path + ": rename failed: " + std::strerror(err));
+  while (done < n) {
+    const ssize_t w = pwrite(fd_, p + done, n - done, static_cast<off_t>(offset + done));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return IoError("write", w == 0 ? ENOSPC : errno);
+    done += static_cast<size_t>(w);
   }
   return {};
+}
+
+Status DumpFile::Commit() {
+  if (fd_ < 0) return Fail(ErrorCode::kIo, path_ + ": write failed: file not open");
+  if (fsync(fd_) != 0 && errno != EINVAL) return IoError("fsync", errno);
+  close(fd_);
+  fd_ = -1;
+  // Checked again just before the rename: the path may have changed since the first check.
+  struct stat st;
+  if (lstat(path_.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    unlink(tmp_.c_str());
+    return Fail(ErrorCode::kInvalidArgument,
+                path_ + ": exists and is not a regular file; a dump only replaces a regular file");
+  }
+  if (rename(tmp_.c_str(), path_.c_str()) != 0) {
+    const int err = errno;
+    unlink(tmp_.c_str());
+    return Fail(ErrorCode::kIo, path_ + ": rename failed: " + std::strerror(err));
+  }
+  return {};
+}
+
+ExitStream::ExitStream(DumpFile* file, uint64_t section_offset, bool guest)
+    : file_(file),
+      section_offset_(section_offset),
+      guest_(guest),
+      block_(new char[kBlockRecords * kExitRecordSize]),
+      spare_(new char[kBlockRecords * kExitRecordSize]) {
+  try {
+    writer_ = std::thread(&ExitStream::WriterLoop, this);
+  } catch (const std::system_error&) {
+    // No thread: Flush writes inline.
+  }
+}
+
+ExitStream::~ExitStream() {
+  StopWriter();
+}
+
+void ExitStream::WriterLoop() noexcept {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return pending_ != nullptr || stop_; });
+    if (pending_ == nullptr) return;  // stopped, nothing left
+    const char* p = pending_;
+    const size_t n = pending_bytes_;
+    const uint64_t off = pending_offset_;
+    const bool ok = static_cast<bool>(status_);
+    lock.unlock();
+    Status s = ok ? file_->WriteAt(p, n, off) : Status{};
+    lock.lock();
+    if (!s) status_ = std::move(s);
+    pending_ = nullptr;
+    cv_.notify_all();
+  }
+}
+
+void ExitStream::StopWriter() noexcept {
+  if (!writer_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  writer_.join();
+}
+
+void ExitStream::Flush() noexcept {
+  const size_t bytes = in_block_ * kExitRecordSize;
+  const uint64_t offset = section_offset_ + 8 + records_ * kExitRecordSize;
+  records_ += in_block_;
+  in_block_ = 0;
+  if (bytes == 0) return;
+  crc_ = Crc32Extend(crc_, block_.get(), bytes);
+  if (!writer_.joinable()) {
+    if (status_) status_ = file_->WriteAt(block_.get(), bytes, offset);
+    return;
+  }
+  {
+    // Wait until the writer is done with the spare block, then hand it this one.
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return pending_ == nullptr; });
+    pending_ = block_.get();
+    pending_bytes_ = bytes;
+    pending_offset_ = offset;
+  }
+  cv_.notify_all();
+  std::swap(block_, spare_);
+}
+
+Status ExitStream::Finish(uint32_t* crc) {
+  Flush();
+  StopWriter();  // after the last block's pwrite
+  if (!status_) return status_;
+  char count[8];
+  PutLe(count, records_, 8);
+  *crc = Crc32Combine(Crc32Extend(0, count, 8), crc_, records_ * kExitRecordSize);
+  return file_->WriteAt(count, 8, section_offset_);
+}
+
+Status WriteSections(const Dump& d, const DumpOptions& opts, DumpFile* f) {
+  DumpSections s;
+  BuildSections(d, opts, nullptr, &s);
+  uint32_t crc[kSectionCount + 1] = {};
+  ExitStream exits(f, s.offset[kExits], s.guest);
+  for (const DumpVcpu& v : d.vcpus) {
+    for (const DumpExit& e : v.exits) exits.Add(e);
+  }
+  EXITSCOPE_RETURN_IF_ERROR(exits.Finish(&crc[kExits]));
+  for (uint32_t id = 1; id <= kSectionCount; ++id) {
+    if (id == kExits) continue;
+    crc[id] = Crc32Of(s.bytes[id]);
+    EXITSCOPE_RETURN_IF_ERROR(f->WriteAt(s.bytes[id].data(), s.bytes[id].size(), s.offset[id]));
+  }
+  const std::string head = HeaderAndTable(s, crc);
+  return f->WriteAt(head.data(), head.size(), 0);
+}
+
+}  // namespace internal
+
+Status WriteDumpFile(const Dump& dump, const std::string& path, const DumpOptions& opts) {
+  DumpFile f;
+  EXITSCOPE_RETURN_IF_ERROR(f.Open(path));
+  EXITSCOPE_RETURN_IF_ERROR(WriteSections(dump, opts, &f));
+  return f.Commit();
 }
 
 }  // namespace exitscope

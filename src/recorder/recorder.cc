@@ -11,8 +11,8 @@
 #include <map>
 
 #include "recorder/describe.h"
+#include "recorder/exit_convert.h"
 #include "recorder/recorder_impl.h"
-#include "recorder/resolve_cache.h"
 
 namespace exitscope {
 
@@ -181,23 +181,8 @@ std::string StallEndLine(const std::string& prefix, uint64_t ns) {
 }
 }  // namespace internal
 
-namespace {
-// Recorder::Resolve, also giving the register map the record was resolved in (nullptr when
-// none, or when `r` was already resolved).
-const RegisterMap* ResolveIn(const AddressSpace& space, ExitRecord* r) noexcept {
-  if ((r->flags & kExitFlagUnresolved) == 0) return nullptr;
-  const Resolution res = space.LookupAt(r->device, SpaceOf(r->kind), r->addr, r->size, r->dir);
-  r->device = res.device;
-  r->reg = res.reg.reg;
-  r->reg_element = res.reg.element;
-  r->reg_delta = res.reg.delta;
-  r->flags &= static_cast<uint8_t>(~kExitFlagUnresolved);
-  return res.map;
-}
-}  // namespace
-
 void Recorder::Resolve(ExitRecord* r) const noexcept {
-  ResolveIn(space_, r);
+  internal::ResolveIn(space_, r);
 }
 
 void Recorder::SlowPath(const ExitRecord& unresolved, uint64_t stalled_exit_no) noexcept {
@@ -413,79 +398,10 @@ void Recorder::Snapshot(const DumpOptions& options, Dump* out) const {
     v.exits = std::move(exits);
   }
   d.vcpus = std::move(kept);
-  d.version = kDumpVersion;
-  d.includes_guest_data = options.include_guest_data;
-  d.monotonic_ns = Clock::MonotonicNs();
-  d.realtime_ns = RealtimeNs();
-  const uint64_t now_ticks = clock_.Now();
-  d.clock = clock_.calibration();
-  d.process = internal::ReadProcessInfo();
-  d.host = internal::ReadHostInfo();
-  {
-    std::lock_guard<std::mutex> lock(impl_->wd_mu);
-    d.watchdog = impl_->wd_options;
-  }
-  d.watchdog_running = watchdog_running();
-
-  // Address space.
-  d.devices = space_.Devices();
   std::map<const RegisterMap*, uint32_t> map_index;
-  for (const RangeInfo& r : space_.Ranges()) {
-    DumpRange dr;
-    dr.space = r.space;
-    dr.base = r.base;
-    dr.size = r.size;
-    dr.device = r.device;
-    if (r.map) {
-      auto [it, inserted] = map_index.emplace(r.map.get(), static_cast<uint32_t>(d.maps.size()));
-      if (inserted) d.maps.push_back(*r.map);
-      dr.map = it->second;
-    }
-    d.ranges.push_back(dr);
-  }
-
-  // An exit names its register through the map of the generation it was resolved in, which a
-  // range moved since no longer has: that map joins d.maps too. Resolution goes through a
-  // per-snapshot cache: millions of records, a few distinct accesses.
-  internal::ResolveCache cache;
-  auto resolve = [&](const ExitRecord& unresolved) {
-    ExitRecord r = unresolved;
-    const RegisterMap* map = ResolveIn(space_, &r);
-    internal::ResolveCache::Value v{r.device, r.reg, r.reg_element, r.reg_delta, kNoRegister};
-    if (map != nullptr) {
-      auto [it, inserted] = map_index.emplace(map, static_cast<uint32_t>(d.maps.size()));
-      if (inserted) d.maps.push_back(*map);
-      v.map = it->second;
-    }
-    return v;
-  };
-  const bool guest = options.include_guest_data;
-  auto to_dump = [&](const ExitRecord& r, DumpExit* e) {
-    e->start_ns = clock_.ToMonotonicNs(r.start_ticks);
-    e->duration_ns = clock_.TicksToNs(r.duration_ticks);
-    e->addr = r.addr;
-    e->value = guest ? r.value : 0;
-    e->vcpu = r.vcpu;
-    e->kind = r.kind;
-    e->size = r.size;
-    e->dir = r.dir;
-    e->flags = guest ? r.flags : static_cast<uint8_t>(r.flags & ~kExitFlagValue);
-    if ((r.flags & kExitFlagUnresolved) != 0) {
-      const internal::ResolveCache::Value& v = cache.Get(r, resolve);
-      e->device = v.device;
-      e->reg = v.reg;
-      e->reg_element = v.element;
-      e->reg_delta = v.delta;
-      e->map = v.map;
-      e->flags &= static_cast<uint8_t>(~kExitFlagUnresolved);
-    } else {
-      e->device = r.device;
-      e->reg = r.reg;
-      e->reg_element = r.reg_element;
-      e->reg_delta = r.reg_delta;
-      e->map = kNoRegister;
-    }
-  };
+  SnapshotMetadata(options, &d, &map_index);
+  const uint64_t now_ticks = clock_.Now();
+  internal::ExitConverter to_dump(clock_, space_, options.include_guest_data, &d, &map_index);
 
   // Each ring is copied a chunk at a time (the chunk stays in cache) and converted from it; the
   // counters are those of the instant the ring was copied (written = the head copied up to),
@@ -509,14 +425,57 @@ void Recorder::Snapshot(const DumpOptions& options, Dump* out) const {
     dv.counters.overwritten = st.written > ring.capacity() ? st.written - ring.capacity() : 0;
     dv.counters.skipped = ring.counters().skipped;
     ExitRecord cur;
-    uint64_t no = 0;
-    if (ReadCurrent(slots_[v], &cur, &no)) {
-      cur.duration_ticks = now_ticks > cur.start_ticks ? now_ticks - cur.start_ticks : 0;
-      if (slots_[v].stalled.load(std::memory_order_relaxed) == no) cur.flags |= kExitFlagStalled;
-      to_dump(cur, &dv.in_progress.emplace());
-    }
+    if (ReadInProgress(v, now_ticks, &cur)) to_dump(cur, &dv.in_progress.emplace());
   }
+  SnapshotEvents(&d);
+  d.counters = counters();
+}
 
+void Recorder::SnapshotMetadata(const DumpOptions& options, Dump* out,
+                                std::map<const RegisterMap*, uint32_t>* map_index) const {
+  Dump& d = *out;
+  d.vcpus.resize(num_vcpus_);
+  for (uint32_t v = 0; v < num_vcpus_; ++v) d.vcpus[v].vcpu = v;
+  d.version = kDumpVersion;
+  d.includes_guest_data = options.include_guest_data;
+  d.monotonic_ns = Clock::MonotonicNs();
+  d.realtime_ns = RealtimeNs();
+  d.clock = clock_.calibration();
+  d.process = internal::ReadProcessInfo();
+  d.host = internal::ReadHostInfo();
+  {
+    std::lock_guard<std::mutex> lock(impl_->wd_mu);
+    d.watchdog = impl_->wd_options;
+  }
+  d.watchdog_running = watchdog_running();
+
+  // Address space.
+  d.devices = space_.Devices();
+  for (const RangeInfo& r : space_.Ranges()) {
+    DumpRange dr;
+    dr.space = r.space;
+    dr.base = r.base;
+    dr.size = r.size;
+    dr.device = r.device;
+    if (r.map) {
+      auto [it, inserted] = map_index->emplace(r.map.get(), static_cast<uint32_t>(d.maps.size()));
+      if (inserted) d.maps.push_back(*r.map);
+      dr.map = it->second;
+    }
+    d.ranges.push_back(dr);
+  }
+}
+
+bool Recorder::ReadInProgress(uint32_t vcpu, uint64_t now_ticks, ExitRecord* out) const {
+  uint64_t no = 0;
+  if (!ReadCurrent(slots_[vcpu], out, &no)) return false;
+  out->duration_ticks = now_ticks > out->start_ticks ? now_ticks - out->start_ticks : 0;
+  if (slots_[vcpu].stalled.load(std::memory_order_relaxed) == no) out->flags |= kExitFlagStalled;
+  return true;
+}
+
+void Recorder::SnapshotEvents(Dump* out) const {
+  Dump& d = *out;
   std::vector<DeviceEventRecord> evs;
   impl_->device_events.Snapshot(&evs);
   d.device_event_counters = impl_->device_events.counters();
@@ -539,11 +498,6 @@ void Recorder::Snapshot(const DumpOptions& options, Dump* out) const {
     d.attributes.assign(impl_->attributes.begin(), impl_->attributes.end());
     for (uint32_t v = 0; v < num_vcpus_; ++v) d.vcpus[v].named_counters = impl_->vcpu_counters[v];
   }
-  d.counters = counters();
-}
-
-Status Recorder::WriteDump(const std::string& path, const DumpOptions& options) const {
-  return WriteDumpFile(Snapshot(options), path, options);
 }
 
 }  // namespace exitscope

@@ -83,6 +83,20 @@ uint64_t ExitRing::CopyRange(uint64_t from, uint64_t to, ExitRecord* out) const 
   return k;
 }
 
+uint64_t ExitRing::FindStart(uint64_t from, uint64_t to, uint64_t start_ticks) const noexcept {
+  const uint64_t cap = mask_ + 1;
+  for (uint64_t n = std::max(from, to > cap ? to - cap : 0); n < to; ++n) {
+    const Slot& s = slots_[n & mask_];
+    const uint64_t s1 = s.seq.load(std::memory_order_acquire);
+    const uint64_t start = s.words[0].load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (s.seq.load(std::memory_order_relaxed) != s1 || s1 != 2 * n + 2) continue;  // torn
+    if (start == start_ticks) return n;
+    if (start > start_ticks) break;  // a vCPU's exits are recorded in start order
+  }
+  return to;
+}
+
 uint64_t ExitRing::SnapshotNewest(uint64_t max, std::vector<ExitRecord>* out) const {
   const uint64_t head = head_.load(std::memory_order_acquire);
   const uint64_t first = FirstWanted(head, max);

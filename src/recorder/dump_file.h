@@ -1,0 +1,143 @@
+// recorder/dump_file.h: the pieces of the dump writer (dump_writer.cc) that a dump written
+// straight to a file needs (Recorder::WriteDump in dump_stream.cc, WriteDumpFile): every
+// section but `exits` serialised from a Dump, the file's layout, the header and section table,
+// the exits section encoded and checksummed a block at a time on its way to the file, and the
+// temporary file that replaces the dump atomically. Not public API; the format is
+// docs/dump-format.md (unchanged: the bytes are those of SerializeDump).
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <type_traits>
+
+#include "exitscope/dump.h"
+#include "exitscope/status.h"
+#include "recorder/dump_format.h"
+
+namespace exitscope::internal {
+
+// Every section but kExits, serialised (bytes[kExits] stays empty), with the exits count and
+// the file's layout: header, section table, sections back to back in id order.
+struct DumpSections {
+  std::string bytes[kSectionCount + 1];
+  uint64_t total_exits = 0;
+  bool guest = false;  // exit values written (opts.include_guest_data && dump's flag)
+  uint64_t offset[kSectionCount + 1] = {};
+  uint64_t size[kSectionCount + 1] = {};
+  uint64_t file_size = 0;
+};
+
+// Fills *out from `d`. `exit_counts` (one per d.vcpus entry) gives each vCPU's exit count
+// when the exits are not in `d` (a streamed dump); nullptr: d.vcpus[i].exits.size(). Sizes
+// depend only on what is not a fixed-width number: two calls that differ only in counters and
+// counts give the same layout.
+void BuildSections(const Dump& d, const DumpOptions& opts, const uint64_t* exit_counts,
+                   DumpSections* out);
+
+// The header and section table (kHeaderSize + kSectionCount * kSectionEntrySize bytes) for
+// `s` with per-section CRCs `crc` (crc[kExits] included).
+std::string HeaderAndTable(const DumpSections& s, const uint32_t (&crc)[kSectionCount + 1]);
+
+// DumpExit's first kExitRecordSize bytes are the file's exit record (docs/dump-format.md) on
+// little-endian x86-64, so the exits section is written with one memcpy per record.
+static_assert(offsetof(DumpExit, start_ns) == 0 && offsetof(DumpExit, duration_ns) == 8 &&
+              offsetof(DumpExit, addr) == 16 && offsetof(DumpExit, value) == 24 &&
+              offsetof(DumpExit, vcpu) == 32 && offsetof(DumpExit, device) == 36 &&
+              offsetof(DumpExit, reg) == 40 && offsetof(DumpExit, reg_element) == 44 &&
+              offsetof(DumpExit, reg_delta) == 48 && offsetof(DumpExit, kind) == 52 &&
+              offsetof(DumpExit, size) == 53 && offsetof(DumpExit, dir) == 54 &&
+              offsetof(DumpExit, flags) == 55 && offsetof(DumpExit, map) == 56 &&
+              kExitRecordSize == 60 && sizeof(DumpExit) >= kExitRecordSize);
+static_assert(std::is_trivially_copyable_v<DumpExit>);
+
+// The file's 60-byte exit record for `e` (values dropped unless `guest_data`): the same bytes
+// as dump_writer.cc's PutExit.
+inline void EncodeExit(const DumpExit& e, bool guest_data, char* dst) noexcept {
+  std::memcpy(dst, &e, kExitRecordSize);
+  if (!guest_data) {
+    std::memset(dst + offsetof(DumpExit, value), 0, sizeof e.value);
+    dst[offsetof(DumpExit, flags)] = static_cast<char>(e.flags & ~kExitFlagValue);
+  }
+}
+
+// A dump file being written: a new temporary file beside `path` (O_EXCL, never through a
+// symlink) renamed over it by Commit after fsync. Refuses a `path` that exists and is not a
+// regular file (device node, FIFO, directory, symlink). Destroyed uncommitted, the temporary
+// file is removed and `path` is untouched.
+class DumpFile {
+ public:
+  DumpFile() = default;
+  ~DumpFile();
+  DumpFile(const DumpFile&) = delete;
+  DumpFile& operator=(const DumpFile&) = delete;
+
+  Status Open(const std::string& path);
+  // Writes all of [data, data + n) at `offset` (pwrite, retried on short writes and EINTR).
+  Status WriteAt(const void* data, size_t n, uint64_t offset);
+  Status Commit();
+  const std::string& path() const noexcept { return path_; }
+
+ private:
+  Status IoError(const char* what, int err);
+  std::string path_, tmp_;
+  int fd_ = -1;
+};
+
+// The exits section on its way to a DumpFile: Add encodes each record into a block that stays
+// in cache, and each full block is checksummed there and handed to a writer thread that
+// pwrites it at the next offset while the next block is filled (two blocks: the copy into the
+// page cache, half of a dump's cost, runs beside the ring reading; no copy of the dump in
+// memory, no fresh pages but the page cache's). Without a thread (std::thread failed), blocks
+// are written inline. The first 8 bytes of the section (the count) are known last: Finish
+// writes them and combines the CRCs.
+class ExitStream {
+ public:
+  static constexpr size_t kBlockRecords = 2048;  // 120 KiB: in L2 while checksummed
+
+  ExitStream(DumpFile* file, uint64_t section_offset, bool guest);
+  ~ExitStream();  // waits for the writer thread
+  ExitStream(const ExitStream&) = delete;
+  ExitStream& operator=(const ExitStream&) = delete;
+
+  void Add(const DumpExit& e) noexcept {
+    EncodeExit(e, guest_, block_.get() + in_block_ * kExitRecordSize);
+    if (++in_block_ == kBlockRecords) Flush();
+  }
+  // Writes what is left and the count; the section's CRC goes to *crc. The first write
+  // error, if any, is returned here (records after it are dropped).
+  Status Finish(uint32_t* crc);
+  uint64_t records() const noexcept { return records_ + in_block_; }
+
+ private:
+  void Flush() noexcept;
+  void WriterLoop() noexcept;
+  void StopWriter() noexcept;
+  DumpFile* file_;
+  uint64_t section_offset_;
+  bool guest_;
+  std::unique_ptr<char[]> block_, spare_;
+  size_t in_block_ = 0;
+  uint64_t records_ = 0;  // flushed
+  uint32_t crc_ = 0;      // of the flushed records
+
+  std::mutex mu_;  // the hand-off to the writer thread
+  std::condition_variable cv_;
+  const char* pending_ = nullptr;  // a block waiting for (or in) its pwrite
+  size_t pending_bytes_ = 0;
+  uint64_t pending_offset_ = 0;
+  bool stop_ = false;
+  Status status_;  // of the first failed write, else success (under mu_ with a writer)
+  std::thread writer_;
+};
+
+// The file SerializeDump makes, written to `f` as it is encoded (the exits a block at a time;
+// no string of the whole file). Does not commit.
+Status WriteSections(const Dump& d, const DumpOptions& opts, DumpFile* f);
+
+}  // namespace exitscope::internal

@@ -27,16 +27,10 @@ Result<std::unique_ptr<KvmLiveMetrics>> KvmLiveMetrics::Start(const std::string&
   k->s_ = std::make_unique<State>(slow_ns);
   k->s_->have_map = have_device_map;
   k->s_->m.Lost("", "kernel_trace", "ring_overwritten");  // present (0) from the first scrape
-  try {
-    k->s_->exposer = std::make_unique<prometheus::Exposer>(*addr, 2);
-    k->s_->exposer->RegisterCollectable(k->s_->m.registry());
-    const std::vector<int> ports = k->s_->exposer->GetListeningPorts();
-    if (ports.empty()) return Fail(ErrorCode::kIo, "metrics: " + *addr + ": not listening");
-    k->address_ = addr->substr(0, addr->rfind(':') + 1) + std::to_string(ports.front());
-  } catch (const std::exception& ex) {
-    return Fail(ErrorCode::kIo, "metrics: cannot listen on " + *addr +
-                                    " (address in use or not local?): " + ex.what());
-  }
+  auto served = metrics::Serve(*addr, k->s_->m.registry());
+  if (!served) return Propagate(served);
+  k->s_->exposer = std::move(served->exposer);
+  k->address_ = served->address;
   return k;
 }
 

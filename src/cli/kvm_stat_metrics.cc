@@ -113,16 +113,10 @@ Result<std::unique_ptr<KvmStatMetrics>> KvmStatMetrics::Start(
   for (double b : metrics::DurationBuckets()) s->bounds_ns.push_back(b * 1e9);
   s->m.Lost("", "kernel_bpf", "map_full");  // present (0) from the first scrape
   k->s_ = s;
-  try {
-    s->exposer = std::make_unique<prometheus::Exposer>(*addr, 2);
-    s->exposer->RegisterCollectable(s);
-    const std::vector<int> ports = s->exposer->GetListeningPorts();
-    if (ports.empty()) return Fail(ErrorCode::kIo, "metrics: " + *addr + ": not listening");
-    k->address_ = addr->substr(0, addr->rfind(':') + 1) + std::to_string(ports.front());
-  } catch (const std::exception& ex) {
-    return Fail(ErrorCode::kIo, "metrics: cannot listen on " + *addr +
-                                    " (address in use or not local?): " + ex.what());
-  }
+  auto served = metrics::Serve(*addr, s);
+  if (!served) return Propagate(served);
+  s->exposer = std::move(served->exposer);
+  k->address_ = served->address;
   return k;
 }
 

@@ -165,4 +165,21 @@ std::string ExitMetrics::Render() const {
   return out.str();
 }
 
+Result<Served> Serve(const std::string& listen,
+                     const std::weak_ptr<prometheus::Collectable>& what) {
+  try {
+    Served s;
+    s.exposer = std::make_unique<prometheus::Exposer>(listen, 2);
+    s.exposer->RegisterCollectable(what);
+    const std::vector<int> ports = s.exposer->GetListeningPorts();
+    if (ports.empty()) return Fail(ErrorCode::kIo, "metrics: " + listen + ": not listening");
+    s.port = static_cast<uint16_t>(ports.front());
+    s.address = listen.substr(0, listen.rfind(':') + 1) + std::to_string(s.port);
+    return s;
+  } catch (const std::exception& ex) {
+    return Fail(ErrorCode::kIo, "metrics: cannot listen on " + listen +
+                                    " (address in use or not local?): " + ex.what());
+  }
+}
+
 }  // namespace exitscope::metrics

@@ -14,7 +14,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "exitscope/status.h"
+#include "prometheus/collectable.h"
 #include "prometheus/counter.h"
+#include "prometheus/exposer.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
@@ -89,5 +92,18 @@ class ExitMetrics {
   std::string key_;  // scratch
   uint64_t series_ = 0;
 };
+
+// An HTTP endpoint serving metrics (pull mode). Destroying `exposer` stops the serving; no
+// scrape runs past that.
+struct Served {
+  std::unique_ptr<prometheus::Exposer> exposer;
+  std::string address;  // the address it listens on, the port filled in
+  uint16_t port = 0;
+};
+
+// Serves `what` on LISTEN, an address ParseMetricsListen accepted ("127.0.0.1:9464"; port 0
+// takes a free one), with two worker threads. Errors (kIo): the port is taken, the address
+// is not local.
+Result<Served> Serve(const std::string& listen, const std::weak_ptr<prometheus::Collectable>& what);
 
 }  // namespace exitscope::metrics

@@ -366,17 +366,11 @@ Result<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(const Recorder& 
   Impl& s = *e->impl_;
   s.Pass(true);  // series of what the recorder holds already, before the first scrape
   if (options.serve) {
-    try {
-      s.exposer = std::make_unique<prometheus::Exposer>(listen, 2);
-      s.exposer->RegisterCollectable(s.m.registry());
-      const std::vector<int> ports = s.exposer->GetListeningPorts();
-      if (ports.empty()) return Fail(ErrorCode::kIo, "metrics: " + listen + ": not listening");
-      s.port = static_cast<uint16_t>(ports.front());
-    } catch (const std::exception& ex) {
-      return Fail(ErrorCode::kIo, "metrics: cannot listen on " + listen +
-                                      " (address in use or not local?): " + ex.what());
-    }
-    s.address = listen.substr(0, listen.rfind(':') + 1) + std::to_string(s.port);
+    auto served = metrics::Serve(listen, s.m.registry());
+    if (!served) return Propagate(served);
+    s.exposer = std::move(served->exposer);
+    s.address = served->address;
+    s.port = served->port;
   }
   s.thread = std::thread([&s] { s.Run(); });
   return e;

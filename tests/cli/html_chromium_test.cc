@@ -16,23 +16,17 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/run.h"
+
 namespace {
 
 constexpr const char* kChromium = "/usr/bin/chromium";
 
-struct Output {
-  int status;
-  std::string out;
-};
+using Output = exitscope::test::Ran;
 
+// `sh -c CMD`, stdout and stderr together.
 Output Run(const std::string& cmd) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+  return exitscope::test::RunShell(cmd);
 }
 
 std::string Data(const char* rel) {

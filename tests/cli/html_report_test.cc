@@ -14,24 +14,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/run.h"
+
 namespace {
 
-struct Output {
-  int status;
-  std::string out;
-};
-
-Output RunExitscope(const std::string& args, bool with_stderr = true) {
-  const std::string cmd =
-      std::string(EXITSCOPE_BINARY_DIR) + "/exitscope " + args + (with_stderr ? " 2>&1" : "");
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
+using Output = exitscope::test::Ran;
+using exitscope::test::RunExitscope;
 
 std::string Data(const char* rel) {
   return std::string(EXITSCOPE_TESTDATA_DIR) + "/kvm-host/" + rel;

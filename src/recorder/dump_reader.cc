@@ -115,45 +115,6 @@ struct ReadIssues {
   }
 };
 
-// True when `s` is valid UTF-8 (no overlongs, surrogates or code points past U+10FFFF).
-bool IsUtf8(std::string_view s) {
-  size_t i = 0;
-  const size_t n = s.size();
-  while (i < n) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    int len;
-    uint32_t cp;
-    if (c >= 0xc2 && c <= 0xdf) {
-      len = 2;
-      cp = c & 0x1f;
-    } else if (c >= 0xe0 && c <= 0xef) {
-      len = 3;
-      cp = c & 0x0f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-      len = 4;
-      cp = c & 0x07;
-    } else {
-      return false;
-    }
-    if (n - i < static_cast<size_t>(len)) return false;
-    for (int k = 1; k < len; ++k) {
-      const auto cc = static_cast<unsigned char>(s[i + k]);
-      if ((cc & 0xc0) != 0x80) return false;
-      cp = (cp << 6) | (cc & 0x3f);
-    }
-    if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
-        (cp >= 0xd800 && cp <= 0xdfff)) {
-      return false;
-    }
-    i += static_cast<size_t>(len);
-  }
-  return true;
-}
-
 // Reads one exit record. Only a short read fails it; an unknown kind is kept as its raw
 // value (shown as "kind#N") and an unknown direction becomes kNone, both counted in `issues`.
 bool ReadExit(Reader& r, uint32_t version, DumpExit* e, ReadIssues* issues) {
@@ -595,7 +556,7 @@ Result<Dump> ParseDump(std::string_view bytes, std::string_view origin) {
                            "; ignored (the dump's times are already in ns)");
     d.clock.ns_per_tick = 0;
   }
-  auto utf8 = [&](const std::string& str) { issues.bad_utf8 += IsUtf8(str) ? 0 : 1; };
+  auto utf8 = [&](const std::string& str) { issues.bad_utf8 += internal::IsUtf8(str) ? 0 : 1; };
   utf8(d.process.comm);
   for (const std::string& a : d.process.argv) utf8(a);
   for (const std::string* h : {&d.host.sysname, &d.host.nodename, &d.host.release, &d.host.version,

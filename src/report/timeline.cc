@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "exitscope/clock.h"
+#include "recorder/text.h"
 #include "sources/dump_source.h"
 #include "sources/kvm_device_map.h"
 #include "sources/kvm_input.h"
@@ -48,34 +49,6 @@ void AppendTarget(std::string& out, const ExitEvent& e) {
   }
 }
 
-// The length of the valid UTF-8 sequence at s[i], 0 when invalid.
-size_t Utf8Length(std::string_view s, size_t i) {
-  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
-  const unsigned char c = b(i);
-  size_t n;
-  uint32_t cp;
-  if (c < 0x80) return 1;
-  if (c >= 0xc2 && c <= 0xdf) {
-    n = 2, cp = c & 0x1f;
-  } else if (c >= 0xe0 && c <= 0xef) {
-    n = 3, cp = c & 0x0f;
-  } else if (c >= 0xf0 && c <= 0xf4) {
-    n = 4, cp = c & 0x07;
-  } else {
-    return 0;
-  }
-  if (i + n > s.size()) return 0;
-  for (size_t k = 1; k < n; ++k) {
-    if ((b(i + k) & 0xc0) != 0x80) return 0;
-    cp = (cp << 6) | (b(i + k) & 0x3f);
-  }
-  if ((n == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
-      (n == 4 && (cp < 0x10000 || cp > 0x10ffff))) {
-    return 0;
-  }
-  return n;
-}
-
 }  // namespace
 
 void AppendJsonString(std::string& out, std::string_view s) {
@@ -93,7 +66,7 @@ void AppendJsonString(std::string& out, std::string_view s) {
     } else if (c < 0x20 || c == 0x7f) {
       fmt::format_to(std::back_inserter(out), "\\u{:04x}", c);
       ++i;
-    } else if (const size_t n = Utf8Length(s, i); n == 0) {
+    } else if (const size_t n = internal::Utf8SequenceLength(s, i); n == 0) {
       out += "\xef\xbf\xbd";  // U+FFFD
       ++i;
     } else {

@@ -11,8 +11,8 @@
 // signal use: rings streamed to the file), each timed on the wall clock, on the CPU clocks of
 // all the dump's threads (the process's minus the writers': WriteDump has a writer thread)
 // and of the reader thread (on a machine with fewer cores than writers + 1 the dump is
-// time-sliced with the writers), then reads every file back with ReadDump for the accounting. In the same
-// run, for ratios: --compare dumps the old way (Recorder::Snapshot into a fresh Dump +
+// time-sliced with the writers), then reads every file back with ReadDump for the accounting. In
+// the same run, for ratios: --compare dumps the old way (Recorder::Snapshot into a fresh Dump +
 // SerializeDump into a fresh string, in memory: what WriteDump did before), and the floors of
 // this machine: pwrite of as many bytes from one cached block to a new file in the same
 // directory, and memcpy of as many bytes into fresh and into mapped memory. It prints:

@@ -749,16 +749,16 @@ int ks_kvm_cpuid(void* ctx) {
  * info2 are computed inside the tracepoint (the vendor's get_exit_info static call) and its
  * raw prototype differs across kernels ((exit_reason, vcpu, isa) before 5.16, (vcpu, isa)
  * since); kvm_page_fault's too ((addr, error_code), later (vcpu, addr, error_code)). */
-#define KS_BTF_PROG(name, type, ...)                 \
-  SEC("tp_btf/" #name)                               \
-  int BPF_PROG(ks_btf_##name, ##__VA_ARGS__) {       \
-    __u32 tid = 0;                                   \
-    struct ks_thread* t = thread_of(type, &tid);     \
-    if (!t) return 0;                                \
-    struct rec r = {};                               \
+#define KS_BTF_PROG(name, type, ...)             \
+  SEC("tp_btf/" #name)                           \
+  int BPF_PROG(ks_btf_##name, ##__VA_ARGS__) {   \
+    __u32 tid = 0;                               \
+    struct ks_thread* t = thread_of(type, &tid); \
+    if (!t) return 0;                            \
+    struct rec r = {};                           \
     r.vcpu_id = -1;
 
-#define KS_BTF_END(type)          \
+#define KS_BTF_END(type)           \
   return finish(t, &r, type, tid); \
   }
 
@@ -797,8 +797,7 @@ KS_BTF_PROG(kvm_hypercall, KS_EV_HYPERCALL, unsigned long nr)
 r.addr = nr;
 KS_BTF_END(KS_EV_HYPERCALL)
 
-KS_BTF_PROG(kvm_emulate_insn, KS_EV_EMULATE_INSN, struct kvm_vcpu* vcpu)
-{
+KS_BTF_PROG(kvm_emulate_insn, KS_EV_EMULATE_INSN, struct kvm_vcpu* vcpu) {
   /* What the tracepoint copies: the emulator's fetch cache. */
   struct x86_emulate_ctxt* ctxt = BPF_CORE_READ(vcpu, arch.emulate_ctxt);
   __u8 insn[16] = {};

@@ -1,23 +1,29 @@
-// kvm_bpf_overhead: what watching KVM exits from the kernel costs per exit, four ways, on the
+// kvm_bpf_overhead: what watching KVM exits from the kernel costs per exit, six ways, on the
 // same exit-heavy guest in one run:
 //
-//   none     the guest alone (nothing attached to the kvm tracepoints)
-//   tracefs  `exitscope kvm live -p PID`: every kvm:* event streamed through tracefs ring
-//            buffers, drained every 10 ms and paired in userspace
-//   bpf-tp   `exitscope kvm stat --bpf --bpf-attach tracepoint -p PID`: the eBPF program on
-//            classic tracepoints (the kernel builds each trace record) pairs and aggregates
-//            in the kernel, userspace reads the maps at the end
-//   bpf-btf  the same program on BTF-typed raw tracepoints (--bpf-attach tp_btf: no record)
+//   none        the guest alone (nothing attached to the kvm tracepoints)
+//   tracefs     `exitscope kvm live -p PID`: every kvm:* event streamed through tracefs ring
+//               buffers, drained every 10 ms and paired in userspace
+//   bpf-run     `exitscope kvm stat --bpf --bpf-pairing kvm-run -p PID`: the kvm-run pairing
+//               (kvm_fpu + kvm_userspace_exit, the exit read from the vCPU's kvm_run; three
+//               program runs per exit), aggregated in the kernel; the maps read at the end
+//   bpf-run-io  the same with --event ioport: kvm_pio counted too (accesses handled in the
+//               kernel)
+//   bpf-btf     `--bpf-pairing tracepoints --bpf-attach tp_btf`: every kvm tracepoint paired
+//               in the kernel as kvm report pairs them (about six program runs per exit)
+//   bpf-tp      the same on classic tracepoints (the kernel builds each trace record)
 //
 // The guest (mmio-storm: MMIO and PIO register accesses, five userspace exits per iteration)
 // runs in this process, unrecorded, while the watcher (the real exitscope binary) runs beside
-// it, filtered on this process. Modes rotate every round (none, tracefs, bpf-tp, bpf-btf; then
-// tracefs, bpf-tp, bpf-btf, none; ...) so drift hits all alike. Per run: wall time per userspace
+// it, filtered on this process. Modes rotate every round (none, tracefs, bpf-run, ...; then
+// tracefs, bpf-run, ..., none; ...) so drift hits all alike. Per run: wall time per userspace
 // exit; per watcher run also the kvm records it counted per second and the records it lost.
-// Printed: each run, the medians, the cost each watcher adds per exit and the ratio bpf / tracefs
-// of those costs. --vcpus N runs the guest on N vCPUs (N times the exit rate on N host CPUs): the
-// the events/s each watcher takes in and whether tracefs loses records at that rate;
-// --buffer-kb K gives kvm live K KiB per-CPU ring buffers (smaller: it loses sooner).
+// One more round, BPF modes only and not in the medians, reads the programs' own run time
+// (--bpf-stats: BPF_ENABLE_STATS costs two clock reads per program run, so never in a timed
+// round). Printed: each run, the medians, the cost each watcher adds per exit and the ratio
+// bpf / tracefs of those costs. --vcpus N runs the guest on N vCPUs (N times the exit rate on
+// N host CPUs): the events/s each watcher takes in and whether tracefs loses records at that
+// rate; --buffer-kb K gives kvm live K KiB per-CPU ring buffers (smaller: it loses sooner).
 //
 //   build/bench/kvm_bpf_overhead [--rounds N] [--iterations N] [--vcpus N] [--buffer-kb K]
 //
@@ -140,8 +146,18 @@ double Median(std::vector<double> v) {
                         : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
-enum Mode { kNone = 0, kTracefs, kBpfTp, kBpfBtf, kModes };
-const char* const kModeNames[] = {"none", "tracefs", "bpf-tp", "bpf-btf"};
+enum Mode { kNone = 0, kTracefs, kBpfRun, kBpfRunIo, kBpfBtf, kBpfTp, kModes };
+const char* const kModeNames[] = {"none", "tracefs", "bpf-run", "bpf-run-io", "bpf-btf", "bpf-tp"};
+constexpr int kFirstBpf = kBpfRun;
+// kvm stat's options per BPF mode: the pairing, how it attaches, the table's event class.
+const char* const kBpfArgs[kModes][6] = {
+    {},
+    {},
+    {"--bpf-pairing", "kvm-run", "--bpf-attach", "tp_btf", "--event", "vmexit"},
+    {"--bpf-pairing", "kvm-run", "--bpf-attach", "tp_btf", "--event", "ioport"},
+    {"--bpf-pairing", "tracepoints", "--bpf-attach", "tp_btf", "--event", "vmexit"},
+    {"--bpf-pairing", "tracepoints", "--bpf-attach", "tracepoint", "--event", "vmexit"},
+};
 
 }  // namespace
 
@@ -196,10 +212,14 @@ int main(int argc, char** argv) {
       prog_ns_per_exit[kModes];
   uint64_t lost[kModes] = {};
   std::string attachment[kModes];
-  for (int r = 0; r < rounds; ++r) {
+  // Rounds 1..rounds time the guest; one more round, BPF modes only and not timed, reads the
+  // programs' own run time (--bpf-stats), which would otherwise add its cost to the timed runs.
+  for (int r = 0; r <= rounds; ++r) {
+    const bool stats_round = r == rounds;
     for (int k = 0; k < kModes; ++k) {
       const Mode m = static_cast<Mode>((r + k) % kModes);
-      const bool bpf_mode = m == kBpfTp || m == kBpfBtf;
+      const bool bpf_mode = m >= kFirstBpf;
+      if (stats_round && !bpf_mode) continue;
       Watcher w;
       std::vector<std::string> live = {kBin,       "kvm",  "live", "-p",   self,
                                        "--format", "json", "-d",   "3600", "--cumulative"};
@@ -208,9 +228,11 @@ int main(int argc, char** argv) {
         std::printf("tracefs: not measured (kvm live did not start)\n");
         return 1;
       }
-      if (bpf_mode &&
-          !w.Start({kBin, "kvm", "stat", "--bpf", "--bpf-stats", "--bpf-attach",
-                    m == kBpfTp ? "tracepoint" : "tp_btf", "-p", self, "--format", "json"})) {
+      // --bpf-stats only in the untimed round: BPF_ENABLE_STATS adds two clock reads per run.
+      std::vector<std::string> bpf = {kBin, "kvm", "stat", "--bpf", "-p", self, "--format", "json"};
+      if (bpf_mode) bpf.insert(bpf.end(), std::begin(kBpfArgs[m]), std::end(kBpfArgs[m]));
+      if (stats_round) bpf.insert(bpf.begin() + 3, "--bpf-stats");
+      if (bpf_mode && !w.Start(bpf)) {
         std::printf("%s: not measured (kvm stat --bpf did not start)\n", kModeNames[m]);
         return 1;
       }
@@ -233,7 +255,7 @@ int main(int argc, char** argv) {
         const uint64_t lost_now = j["pairing"]["lost_events"].get<uint64_t>();
         lost[m] += lost_now;
         const double eps = static_cast<double>(records) / g.seconds;
-        events_per_s[m].push_back(eps);
+        if (!stats_round) events_per_s[m].push_back(eps);
         extra = "  " + std::to_string(records) + " records, " +
                 std::to_string(static_cast<uint64_t>(eps)) + " events/s, lost " +
                 std::to_string(lost_now);
@@ -253,22 +275,30 @@ int main(int argc, char** argv) {
           extra += ", program " + std::to_string(per_run).substr(0, 6) + " ns/hit";
         }
       }
-      ns[m].push_back(g.ns_per_exit);
-      std::printf("round %d %-8s %10.1f ns/exit%s\n", r + 1, kModeNames[m], g.ns_per_exit,
-                  extra.c_str());
+      if (!stats_round) ns[m].push_back(g.ns_per_exit);
+      std::printf("%s %d %-8s %10.1f ns/exit%s\n", stats_round ? "stats" : "round", r + 1,
+                  kModeNames[m], g.ns_per_exit, extra.c_str());
       std::fflush(stdout);
     }
   }
-  const double none = Median(ns[kNone]), tfs = Median(ns[kTracefs]);
-  std::printf("median none     %10.1f ns/exit\n", none);
+  const double none = Median(ns[kNone]);
+  // The cost of a watcher: per round, its run minus that round's `none` (the machine drifts by
+  // more than the costs between rounds; within a round the modes run back to back).
+  double cost[kModes] = {};
+  std::printf("median none       %10.1f ns/exit\n", none);
   for (int m = kTracefs; m < kModes; ++m) {
+    std::vector<double> paired;
+    for (size_t r = 0; r < ns[m].size() && r < ns[kNone].size(); ++r)
+      paired.push_back(ns[m][r] - ns[kNone][r]);
+    cost[m] = Median(paired);
     const double v = Median(ns[m]);
     std::printf(
-        "median %-8s %10.1f ns/exit  (+%.1f ns/exit, ratio %.4f)  %.0f events/s, lost %llu\n",
-        kModeNames[m], v, v - none, v / none, Median(events_per_s[m]),
+        "median %-10s %10.1f ns/exit  (+%.1f ns/exit paired by round, ratio %.4f)  %.0f "
+        "events/s, lost %llu\n",
+        kModeNames[m], v, cost[m], v / none, Median(events_per_s[m]),
         static_cast<unsigned long long>(lost[m]));
   }
-  for (int m = kBpfTp; m < kModes; ++m) {
+  for (int m = kFirstBpf; m < kModes; ++m) {
     if (prog_ns_per_hit[m].empty()) continue;
     std::printf(
         "%s programs (kernel run time, BPF_ENABLE_STATS): %.1f ns per tracepoint hit, "
@@ -276,10 +306,9 @@ int main(int argc, char** argv) {
         kModeNames[m], Median(prog_ns_per_hit[m]), Median(prog_ns_per_exit[m]),
         attachment[m].c_str());
   }
-  if (tfs - none > 0) {
-    for (int m = kBpfTp; m < kModes; ++m) {
-      std::printf("%s cost / tracefs cost %.3f\n", kModeNames[m],
-                  (Median(ns[m]) - none) / (tfs - none));
+  if (cost[kTracefs] > 0) {
+    for (int m = kFirstBpf; m < kModes; ++m) {
+      std::printf("%s cost / tracefs cost %.3f\n", kModeNames[m], cost[m] / cost[kTracefs]);
     }
   }
   return 0;

@@ -136,6 +136,7 @@ struct StatRun {
   bool bpf_stats = false;           // --bpf-stats
   std::string metrics_listen;       // --metrics
   std::string bpf_attach = "auto";  // --bpf-attach
+  std::string bpf_pairing = "auto"; // --bpf-pairing
   analysis::KvmAnalysisOptions aopts;
   report::KvmRenderOptions ropts;
   sources::KvmPairerOptions popts;
@@ -447,6 +448,12 @@ int KvmStatMain(int argc, char** argv) {
                  "prototypes allow (auto falls back to classic tracepoints if refused), or "
                  "classic tracepoints only")
       ->check(CLI::IsMember({"auto", "tp_btf", "tracepoint"}));
+  app.add_option("--bpf-pairing", run.bpf_pairing,
+                 "auto | kvm-run | tracepoints: exits from kvm_fpu and the vCPU's kvm_run (two "
+                 "program runs per userspace exit; hosts where kvm_exit never fires, e.g. "
+                 "kvm-pvm: auto's choice there) or paired from every kvm tracepoint as kvm "
+                 "report pairs them (docs/kvm-bpf.md)")
+      ->check(CLI::IsMember({"auto", "kvm-run", "tracepoints"}));
   app.add_option("--tracefs", run.tracefs_dir,
                  "tracefs mount point (default: $EXITSCOPE_TRACEFS or /sys/kernel/tracing)");
   if (auto rc = ParseArgs(app, own_argc, argv)) return *rc;
@@ -479,6 +486,17 @@ int KvmStatMain(int argc, char** argv) {
     bo.attach = run.bpf_attach == "tp_btf"       ? sources::bpf::BpfAttach::kTpBtf
                 : run.bpf_attach == "tracepoint" ? sources::bpf::BpfAttach::kTracepoint
                                                  : sources::bpf::BpfAttach::kAuto;
+    bo.pairing = run.bpf_pairing == "kvm-run"       ? sources::bpf::BpfPairing::kKvmRun
+                 : run.bpf_pairing == "tracepoints" ? sources::bpf::BpfPairing::kTracepoints
+                                                    : sources::bpf::BpfPairing::kAuto;
+    // The kvm-run pairing counts accesses handled in the kernel only for the table's kind.
+    using analysis::KvmEventClass;
+    const KvmEventClass ev = run.aopts.event;
+    bo.access_kinds = ev == KvmEventClass::kIoport      ? 1u << KS_SUB_PORT
+                      : ev == KvmEventClass::kMmio      ? 1u << KS_SUB_MMIO
+                      : ev == KvmEventClass::kMsr       ? 1u << KS_SUB_MSR
+                      : ev == KvmEventClass::kHypercall ? 1u << KS_SUB_HYPERCALL
+                                                        : 0u;
     auto bpf = sources::bpf::BpfKvmStat::Open(bo);
     if (bpf) return RunBpf(run, **bpf);
     std::fprintf(stderr, "%s: --bpf not possible here: %s; streaming from tracefs instead\n",

@@ -6,6 +6,7 @@
 #include <linux/types.h>
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -157,6 +158,82 @@ TEST(BpfKvmRows, HeldAndInFlightExitsArePlacedAsThePairerFinishes) {
   EXPECT_EQ(end.analysis.open_exits[0].start_ns, 1000u);
   EXPECT_EQ(end.pairing.open_at_end, 1u);
   EXPECT_EQ(Row(end.analysis.all, "MMIO")->samples(), 1u) << "open exits are in no row";
+}
+
+}  // namespace
+}  // namespace exitscope::sources::bpf
+
+namespace exitscope::sources::bpf {
+namespace {
+
+ks_key Access(uint32_t tid, int32_t vcpu, uint8_t kind, uint64_t sub, uint8_t dir, uint8_t size) {
+  ks_key k{};
+  k.tgid = 100;
+  k.tid = tid;
+  k.vcpu = vcpu;
+  k.flags = KS_F_KERNEL_ACCESS | KS_F_NOT_TRACED;
+  k.subkind = kind;
+  k.subkey = sub;
+  k.dir = dir;
+  k.size = size;
+  return k;
+}
+
+uint64_t Untimed(const BpfKvmSnapshot& s, const ks_key& k) {
+  for (const BpfKvmSample& x : s.samples)
+    if (std::memcmp(&x.key, &k, sizeof k) == 0) return x.stats.untimed;
+  return ~0ull;  // not there
+}
+
+// The kvm-run pairing counts every access hit as handled in the kernel; each userspace exit's
+// own hit comes out again: ended exits (timed or not) and exits in flight whose hit came
+// before them (a write, a hypercall), on the same thread, port/address, direction and size,
+// whichever vCPU number the access was counted under. Reads in flight (their hit comes with
+// the completion), MSR exits (no hit) and other threads' accesses stay.
+TEST(BpfKvmRows, KvmRunPairingSubtractsEachExitsOwnAccess) {
+  BpfKvmSnapshot s;
+  ks_key out = UserExit(7, 2, KS_SUB_PORT, 0x3f8, KS_DIR_WRITE);
+  out.size = 1;
+  s.samples.push_back(Sample(out, {7000, 9000, 8000}, 1));  // 4 exits
+  ks_key in = UserExit(7, 2, KS_SUB_PORT, 0x3fd, KS_DIR_READ);
+  in.size = 1;
+  s.samples.push_back(Sample(in, {6000}));  // 1 exit
+  ks_key msr = UserExit(7, 29, KS_SUB_MSR, 0x10, KS_DIR_READ);
+  msr.size = 8;
+  s.samples.push_back(Sample(msr, {5000}));
+  const ks_key out_vcpu0 = Access(7, 0, KS_SUB_PORT, 0x3f8, KS_DIR_WRITE, 1);
+  const ks_key out_unnumbered = Access(7, -1, KS_SUB_PORT, 0x3f8, KS_DIR_WRITE, 1);
+  const ks_key in_acc = Access(7, 0, KS_SUB_PORT, 0x3fd, KS_DIR_READ, 1);
+  const ks_key msr_acc = Access(7, 0, KS_SUB_MSR, 0x10, KS_DIR_READ, 8);
+  const ks_key other_thread = Access(8, 1, KS_SUB_PORT, 0x3f8, KS_DIR_WRITE, 1);
+  const ks_key other_size = Access(7, 0, KS_SUB_PORT, 0x3f8, KS_DIR_WRITE, 2);
+  s.samples.push_back(Sample(out_unnumbered, {}, 1));  // the first, before the vCPU was known
+  s.samples.push_back(Sample(out_vcpu0, {}, 9));
+  s.samples.push_back(Sample(in_acc, {}, 1));
+  s.samples.push_back(Sample(msr_acc, {}, 2));
+  s.samples.push_back(Sample(other_thread, {}, 3));
+  s.samples.push_back(Sample(other_size, {}, 4));
+  ks_thread t = Thread(7, 10);
+  t.phase = KS_USER_EXIT;  // a write in flight: its hit is in
+  t.ev = out;
+  s.threads.push_back(t);
+  ks_thread r = Thread(9, 10);
+  r.phase = KS_USER_EXIT;  // a read in flight: its hit comes later
+  r.ev = UserExit(9, 2, KS_SUB_PORT, 0x60, KS_DIR_READ);
+  r.ev.size = 1;
+  s.threads.push_back(r);
+  s.samples.push_back(Sample(Access(9, 2, KS_SUB_PORT, 0x60, KS_DIR_READ, 1), {}, 2));
+
+  SubtractOwnAccesses(&s);
+  // 10 hits of 0x3f8 writes on thread 7 (1 + 9), 4 ended exits + 1 in flight: 5 in the kernel.
+  EXPECT_EQ(Untimed(s, out_unnumbered), ~0ull) << "taken first, to 0: the row is gone";
+  EXPECT_EQ(Untimed(s, out_vcpu0), 5u);
+  EXPECT_EQ(Untimed(s, in_acc), ~0ull) << "1 hit, 1 exit: the row is gone";
+  EXPECT_EQ(Untimed(s, msr_acc), 2u);
+  EXPECT_EQ(Untimed(s, other_thread), 3u);
+  EXPECT_EQ(Untimed(s, other_size), 4u);
+  EXPECT_EQ(Untimed(s, Access(9, 2, KS_SUB_PORT, 0x60, KS_DIR_READ, 1)), 2u);
+  EXPECT_EQ(Untimed(s, out), 1u) << "the exits themselves are untouched";
 }
 
 }  // namespace

@@ -2,14 +2,18 @@
 
 #include <traceevent/event-parse.h>
 
+#include <sys/mman.h>
 #include <unistd.h>
+#include <algorithm>
 #include <cerrno>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <map>
 #include <string_view>
+#include <tuple>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -31,7 +35,11 @@ namespace exitscope::sources::bpf {
 static_assert(KS_HIST_BUCKETS == analysis::LatencyHistogram::kBuckets,
               "the BPF histogram must use LatencyHistogram's buckets");
 static_assert(KS_HIST_SUB_BITS == analysis::LatencyHistogram::kSubBits);
-static_assert(sizeof(ks_key) == 48 && sizeof(ks_bucket_key) == 56, "no hidden padding in keys");
+static_assert(sizeof(ks_key) == 48, "no hidden padding in keys");
+static_assert(sizeof(ks_thread) % 8 == 0 && sizeof(ks_slot) % 8 == 0 && sizeof(ks_row) % 8 == 0,
+              "mmap()ed arrays: elements are 8-aligned");
+static_assert(KS_KEY_ROWS * KS_ROW_BUCKETS >= KS_HIST_BUCKETS);
+static_assert((KS_THREAD_SLOTS & (KS_THREAD_SLOTS - 1)) == 0);
 
 namespace {
 
@@ -76,6 +84,37 @@ constexpr FieldSpec kFields[KS_F_COUNT] = {
 };
 
 }  // namespace
+
+void SubtractOwnAccesses(BpfKvmSnapshot* snap) {
+  using AccessKey = std::tuple<uint32_t, uint32_t, uint8_t, uint64_t, uint8_t, uint8_t>;
+  const auto key_of = [](uint32_t tgid, uint32_t tid, const ks_key& k) {
+    return AccessKey{tgid, tid, k.subkind, k.subkey, k.dir, k.size};
+  };
+  const auto has_hit = [](const ks_key& k) {
+    return k.subkind == KS_SUB_PORT || k.subkind == KS_SUB_MMIO || k.subkind == KS_SUB_HYPERCALL;
+  };
+  std::map<AccessKey, uint64_t> own;
+  for (const BpfKvmSample& s : snap->samples) {
+    const ks_key& k = s.key;
+    if ((k.flags & KS_F_KERNEL_ACCESS) || !(k.flags & KS_F_USERSPACE) || !has_hit(k)) continue;
+    own[key_of(k.tgid, k.tid, k)] += s.stats.timed + s.stats.untimed;
+  }
+  for (const ks_thread& t : snap->threads) {
+    if (t.phase != KS_USER_EXIT || !has_hit(t.ev) || t.ev.dir == KS_DIR_READ) continue;
+    ++own[key_of(t.tgid, t.tid, t.ev)];
+  }
+  for (BpfKvmSample& s : snap->samples) {
+    if (!(s.key.flags & KS_F_KERNEL_ACCESS)) continue;
+    const auto it = own.find(key_of(s.key.tgid, s.key.tid, s.key));
+    if (it == own.end()) continue;
+    const uint64_t n = std::min<uint64_t>(it->second, s.stats.untimed);
+    s.stats.untimed -= n;
+    it->second -= n;
+  }
+  std::erase_if(snap->samples, [](const BpfKvmSample& s) {
+    return (s.key.flags & KS_F_KERNEL_ACCESS) && s.stats.timed + s.stats.untimed == 0;
+  });
+}
 
 #ifdef EXITSCOPE_HAVE_BPF
 
@@ -189,18 +228,82 @@ void ForEachKey(int fd, Fn&& fn) {
   }
 }
 
-std::string KeyBytes(const ks_key& k) {
-  return std::string(reinterpret_cast<const char*>(&k), sizeof k);
+// The kvm-run programs: kvm_fpu's and kvm_userspace_exit's, then the access counters, with
+// the event and the KS_SUB_* kind each counts.
+struct RunAccess {
+  int event;
+  int kind;
+};
+constexpr RunAccess kRunAccesses[] = {{KS_EV_PIO, KS_SUB_PORT},
+                                      {KS_EV_MMIO, KS_SUB_MMIO},
+                                      {KS_EV_MSR, KS_SUB_MSR},
+                                      {KS_EV_HYPERCALL, KS_SUB_HYPERCALL}};
+bpf_program* RunProgramFor(kvm_stat_bpf* skel, int event) {
+  switch (event) {
+    case KS_EV_FPU:
+      return skel->progs.ks_run_kvm_fpu;
+    case KS_EV_USERSPACE_EXIT:
+      return skel->progs.ks_run_kvm_userspace_exit;
+    case KS_EV_PIO:
+      return skel->progs.ks_run_kvm_pio;
+    case KS_EV_MMIO:
+      return skel->progs.ks_run_kvm_mmio;
+    case KS_EV_MSR:
+      return skel->progs.ks_run_kvm_msr;
+    case KS_EV_HYPERCALL:
+      return skel->progs.ks_run_kvm_hypercall;
+    default:
+      return nullptr;
+  }
+}
+
+// Whether kvm_exit never fires here: the vendor module is kvm-pvm (kvm_pvm loaded, neither
+// kvm_intel nor kvm_amd, whose VMX / SVM exits fire kvm_exit); else why not.
+bool KvmExitNeverFires(std::string* why) {
+  const auto loaded = [](const char* m) {
+    return ::access((std::string("/sys/module/") + m).c_str(), F_OK) == 0;
+  };
+  if (loaded("kvm_intel") || loaded("kvm_amd")) {
+    *why = "kvm_intel or kvm_amd is loaded (kvm_exit fires)";
+    return false;
+  }
+  if (!loaded("kvm_pvm")) {
+    *why = "no kvm_pvm module (kvm_exit may fire)";
+    return false;
+  }
+  return true;
 }
 
 }  // namespace
+
 
 struct BpfKvmStat::Impl {
   kvm_stat_bpf* skel = nullptr;
   std::vector<bpf_link*> links;
   int stats_fd = -1;
+  // The arrays, mmap()ed read-only: ks_thread_slots, ks_slots, ks_rows.
+  struct Mapped {
+    void* at = nullptr;
+    size_t bytes = 0;
+  };
+  Mapped threads, slots, rows;
+  template <typename T>
+  const T* Get(const Mapped& m) const {
+    return static_cast<const T*>(m.at);
+  }
+  // Maps array `map` of `n` elements of T; false (errno set) if not possible.
+  template <typename T>
+  bool Map(bpf_map* map, size_t n, Mapped* out) {
+    out->bytes = sizeof(T) * n;
+    void* p = ::mmap(nullptr, out->bytes, PROT_READ, MAP_SHARED, bpf_map__fd(map), 0);
+    if (p == MAP_FAILED) return false;
+    out->at = p;
+    return true;
+  }
   ~Impl() {
     for (bpf_link* l : links) bpf_link__destroy(l);
+    for (Mapped* m : {&threads, &slots, &rows})
+      if (m->at != nullptr) ::munmap(m->at, m->bytes);
     if (skel) kvm_stat_bpf__destroy(skel);
     if (stats_fd >= 0) ::close(stats_fd);
   }
@@ -271,9 +374,43 @@ Result<std::unique_ptr<BpfKvmStat>> BpfKvmStat::Open(const BpfKvmOptions& option
       btf__free(vmlinux);
     }
   }
+  // The kvm-run pairing: possible and wanted here? (needs tp_btf on kvm_fpu and on each
+  // access event it counts; kAuto: only where kvm_exit never fires.)
+  bool run = false;
+  std::string run_why;
+  if (options.pairing != BpfPairing::kTracepoints) {
+    run = true;
+    if (options.attach == BpfAttach::kTracepoint) {
+      run = false;
+      run_why = "it needs tp_btf (--bpf-attach tracepoint)";
+    } else if (!have[KS_EV_FPU] || !btf_ok[KS_EV_FPU] || !have[KS_EV_USERSPACE_EXIT] ||
+               !btf_ok[KS_EV_USERSPACE_EXIT]) {
+      run = false;
+      run_why = "no tp_btf kvm_fpu and kvm_userspace_exit here";
+    } else if (options.pairing == BpfPairing::kAuto && !KvmExitNeverFires(&run_why)) {
+      run = false;
+    }
+    for (const RunAccess& a : kRunAccesses) {
+      if (run && (options.access_kinds & (1u << a.kind)) && have[a.event] && !btf_ok[a.event]) {
+        run = false;
+        run_why = fmt::format("no tp_btf {} here", kEvents[a.event]);
+      }
+    }
+    if (!run && options.pairing == BpfPairing::kKvmRun) {
+      return Fail(ErrorCode::kUnavailable,
+                  fmt::format("the kvm-run pairing is not possible here: {}", run_why));
+    }
+  }
+  const auto run_counts = [&](int event) {
+    for (const RunAccess& a : kRunAccesses)
+      if (a.event == event) return have[event] && (options.access_kinds & (1u << a.kind)) != 0;
+    return event == KS_EV_FPU || event == KS_EV_USERSPACE_EXIT;
+  };
+
   auto impl = std::make_unique<Impl>();
-  // Opens and loads the object with tp_btf where `use_btf`; 0 or the load's error.
-  auto load = [&](bool use_btf) -> int {
+  // Opens and loads the object: the kvm-run programs where `run`, else the tracepoint
+  // pairing's with tp_btf where `use_btf`; 0 or the load's error.
+  auto load = [&](bool use_btf, bool run) -> int {
     if (impl->skel != nullptr) kvm_stat_bpf__destroy(impl->skel);
     g_last_libbpf_message.clear();
     impl->skel = kvm_stat_bpf__open();
@@ -281,21 +418,30 @@ Result<std::unique_ptr<BpfKvmStat>> BpfKvmStat::Open(const BpfKvmOptions& option
     std::memcpy(const_cast<ks_config*>(&impl->skel->rodata->cfg), &cfg, sizeof cfg);
     for (int e = 0; e < KS_EV_COUNT; ++e) {
       const bool btf = use_btf && btf_ok[e];
-      bpf_program__set_autoload(ProgramFor(impl->skel, e), have[e] && !btf);
-      if (bpf_program* p = BtfProgramFor(impl->skel, e)) bpf_program__set_autoload(p, btf);
+      bpf_program__set_autoload(ProgramFor(impl->skel, e), !run && have[e] && !btf);
+      if (bpf_program* p = BtfProgramFor(impl->skel, e)) bpf_program__set_autoload(p, !run && btf);
+      if (bpf_program* p = RunProgramFor(impl->skel, e)) bpf_program__set_autoload(p, run && run_counts(e));
     }
     bpf_program__set_autoload(impl->skel->progs.ks_fork, cfg.follow_children != 0);
     return kvm_stat_bpf__load(impl->skel);
   };
   bool use_btf = options.attach != BpfAttach::kTracepoint;
-  int err = load(use_btf);
-  if (err != 0 && use_btf && options.attach == BpfAttach::kAuto && -err != EPERM &&
+  int err = load(use_btf, run);
+  if (err != 0 && run && options.pairing == BpfPairing::kAuto && -err != EPERM &&
+      -err != EACCES) {
+    run_why = fmt::format("kernel refused its program: {}", g_last_libbpf_message.empty()
+                                                                ? std::strerror(-err)
+                                                                : g_last_libbpf_message);
+    run = false;
+    err = load(use_btf, false);
+  }
+  if (err != 0 && !run && use_btf && options.attach == BpfAttach::kAuto && -err != EPERM &&
       -err != EACCES) {
     btf_why =
         fmt::format("tp_btf refused: {}",
                     g_last_libbpf_message.empty() ? std::strerror(-err) : g_last_libbpf_message);
     use_btf = false;
-    err = load(false);
+    err = load(false, false);
   }
   if (err != 0) {
     const int e = -err;
@@ -304,6 +450,12 @@ Result<std::unique_ptr<BpfKvmStat>> BpfKvmStat::Open(const BpfKvmOptions& option
     return Fail(perm ? ErrorCode::kPermission : ErrorCode::kUnavailable,
                 fmt::format("the kernel refused the BPF program ({}): {}", std::strerror(e), why));
   }
+  if (!impl->Map<ks_thread>(impl->skel->maps.ks_thread_slots, KS_THREAD_SLOTS, &impl->threads) ||
+      !impl->Map<ks_slot>(impl->skel->maps.ks_slots, KS_MAX_KEYS, &impl->slots) ||
+      !impl->Map<ks_row>(impl->skel->maps.ks_rows, KS_MAX_ROWS, &impl->rows)) {
+    return Fail(ErrorCode::kUnavailable,
+                fmt::format("cannot map the BPF arrays: {}", std::strerror(errno)));
+  }
   std::vector<std::string> attached, missing;
   std::string on_btf, on_tp;
   for (int e = 0; e < KS_EV_COUNT; ++e) {
@@ -311,9 +463,11 @@ Result<std::unique_ptr<BpfKvmStat>> BpfKvmStat::Open(const BpfKvmOptions& option
       missing.emplace_back(kEvents[e]);
       continue;
     }
-    const bool btf = use_btf && btf_ok[e];
-    bpf_link* link =
-        bpf_program__attach(btf ? BtfProgramFor(impl->skel, e) : ProgramFor(impl->skel, e));
+    if (run && !run_counts(e)) continue;
+    const bool btf = run || (use_btf && btf_ok[e]);
+    bpf_link* link = bpf_program__attach(run   ? RunProgramFor(impl->skel, e)
+                                         : btf ? BtfProgramFor(impl->skel, e)
+                                               : ProgramFor(impl->skel, e));
     if (link == nullptr) {
       const int err = errno;
       return Fail(err == EPERM || err == EACCES ? ErrorCode::kPermission : ErrorCode::kUnavailable,
@@ -337,9 +491,16 @@ Result<std::unique_ptr<BpfKvmStat>> BpfKvmStat::Open(const BpfKvmOptions& option
   std::unique_ptr<BpfKvmStat> out(new BpfKvmStat(std::move(impl)));
   out->attached_ = std::move(attached);
   out->missing_ = std::move(missing);
-  out->attachment_ =
-      fmt::format("tp_btf:{}; tracepoint:{}{}", on_btf.empty() ? " none" : on_btf,
-                  on_tp.empty() ? " none" : on_tp, btf_why.empty() ? "" : " (" + btf_why + ")");
+  out->kvm_run_ = run;
+  if (run) {
+    out->attachment_ = fmt::format("kvm-run pairing; tp_btf:{}", on_btf);
+  } else {
+    out->attachment_ = fmt::format(
+        "tracepoint pairing{}; tp_btf:{}; tracepoint:{}{}",
+        run_why.empty() ? "" : " (kvm-run pairing not used: " + run_why + ")",
+        on_btf.empty() ? " none" : on_btf, on_tp.empty() ? " none" : on_tp,
+        btf_why.empty() ? "" : " (" + btf_why + ")");
+  }
   return out;
 }
 
@@ -365,6 +526,7 @@ BpfKvmStat::RunTime BpfKvmStat::ProgramRunTime() const {
   for (int e = 0; e < KS_EV_COUNT; ++e) {
     progs.push_back(ProgramFor(impl_->skel, e));
     if (bpf_program* p = BtfProgramFor(impl_->skel, e)) progs.push_back(p);
+    if (bpf_program* p = RunProgramFor(impl_->skel, e)) progs.push_back(p);
   }
   for (bpf_program* p : progs) {
     const int fd = bpf_program__fd(p);
@@ -384,26 +546,40 @@ Result<BpfKvmSnapshot> BpfKvmStat::Read() const {
   ::clock_gettime(CLOCK_MONOTONIC, &ts);
   snap.now_ns = static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ull + ts.tv_nsec;
   kvm_stat_bpf* skel = impl_->skel;
-  const int stats_fd = bpf_map__fd(skel->maps.ks_stats);
-  const int buckets_fd = bpf_map__fd(skel->maps.ks_buckets);
   const int threads_fd = bpf_map__fd(skel->maps.ks_threads);
   const int counters_fd = bpf_map__fd(skel->maps.ks_counters);
+  const int alloc_fd = bpf_map__fd(skel->maps.ks_alloc);
 
-  std::unordered_map<std::string, size_t> index;
-  ForEachKey<ks_key>(stats_fd, [&](const ks_key& k) {
-    BpfKvmSample s;
-    s.key = k;
-    if (bpf_map_lookup_elem(stats_fd, &k, &s.stats) != 0) return;  // deleted meanwhile
-    index.emplace(KeyBytes(k), snap.samples.size());
-    snap.samples.push_back(std::move(s));
-  });
-  ForEachKey<ks_bucket_key>(buckets_fd, [&](const ks_bucket_key& bk) {
-    uint64_t n = 0;
-    if (bpf_map_lookup_elem(buckets_fd, &bk, &n) != 0) return;
-    auto it = index.find(KeyBytes(bk.key));
-    if (it == index.end()) return;  // its key came after the stats pass: next read
-    snap.samples[it->second].buckets.emplace_back(bk.bucket, n);
-  });
+  ks_alloc alloc{};
+  __u32 zero = 0;
+  if (bpf_map_lookup_elem(alloc_fd, &zero, &alloc) != 0) {
+    return Fail(ErrorCode::kIo, fmt::format("reading the BPF maps: {}", std::strerror(errno)));
+  }
+  const ks_slot* slots = impl_->Get<ks_slot>(impl_->slots);
+  const ks_row* rows = impl_->Get<ks_row>(impl_->rows);
+  const uint32_t nrows = std::min<uint32_t>(alloc.rows, KS_MAX_ROWS);
+  for (uint32_t i = 0; i < std::min<uint32_t>(alloc.slots, KS_MAX_KEYS); ++i) {
+    const ks_slot s = slots[i];  // a copy: the program goes on writing
+    if (s.key.flags == 0 || s.stats.timed + s.stats.untimed == 0) continue;
+    BpfKvmSample out;
+    out.key = s.key;
+    out.stats = s.stats;
+    for (uint32_t r = 0; r < KS_KEY_ROWS; ++r) {
+      if (s.row[r] == 0 || s.row[r] > nrows) continue;
+      const ks_row& row = rows[s.row[r] - 1];
+      for (uint32_t b = 0; b < KS_ROW_BUCKETS; ++b) {
+        const uint64_t n = row.n[b];
+        if (n != 0 && r * KS_ROW_BUCKETS + b < KS_HIST_BUCKETS)
+          out.buckets.emplace_back(r * KS_ROW_BUCKETS + b, n);
+      }
+    }
+    snap.samples.push_back(std::move(out));
+  }
+  const ks_thread* threads = impl_->Get<ks_thread>(impl_->threads);
+  for (size_t i = 0; i < KS_THREAD_SLOTS; ++i) {
+    const ks_thread t = threads[i];
+    if (t.tid != 0 && t.first_ts != 0) snap.threads.push_back(t);
+  }
   ForEachKey<__u32>(threads_fd, [&](const __u32& tid) {
     ks_thread t{};
     if (bpf_map_lookup_elem(threads_fd, &tid, &t) == 0) snap.threads.push_back(t);
@@ -411,14 +587,11 @@ Result<BpfKvmSnapshot> BpfKvmStat::Read() const {
   const int ncpu = libbpf_num_possible_cpus();
   if (ncpu <= 0) return Fail(ErrorCode::kInternal, "cannot count the possible CPUs");
   std::vector<ks_counters> per_cpu(static_cast<size_t>(ncpu));
-  __u32 zero = 0;
   if (bpf_map_lookup_elem(counters_fd, &zero, per_cpu.data()) != 0) {
     return Fail(ErrorCode::kIo, fmt::format("reading the BPF counters: {}", std::strerror(errno)));
   }
   for (const ks_counters& c : per_cpu) {
     for (int e = 0; e < KS_EV_COUNT; ++e) snap.counters.records[e] += c.records[e];
-    snap.counters.exits += c.exits;
-    snap.counters.kernel_accesses += c.kernel_accesses;
     snap.counters.completions += c.completions;
     snap.counters.unpaired_exits += c.unpaired_exits;
     snap.counters.entries_without_exit += c.entries_without_exit;
@@ -426,7 +599,11 @@ Result<BpfKvmSnapshot> BpfKvmStat::Read() const {
     snap.counters.keys_full += c.keys_full;
     snap.counters.buckets_full += c.buckets_full;
     snap.counters.threads_full += c.threads_full;
+    snap.counters.no_vcpu += c.no_vcpu;
   }
+  for (const ks_thread& t : snap.threads)
+    for (int e = 0; e < KS_EV_COUNT; ++e) snap.counters.records[e] += t.records[e];
+  if (kvm_run_) SubtractOwnAccesses(&snap);
   return snap;
 }
 

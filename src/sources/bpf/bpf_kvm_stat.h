@@ -40,6 +40,17 @@ bool BpfKvmStatBuilt() noexcept;
 // and classic tracepoints only if the kernel refuses the tp_btf programs.
 enum class BpfAttach : uint8_t { kAuto = 0, kTpBtf, kTracepoint };
 
+// How exits are paired in the kernel. kTracepoints: every kvm tracepoint `kvm report` reads,
+// paired as sources/kvm_pairing.cc pairs them (kvm_exit -> kvm_entry; kvm_userspace_exit ->
+// next kvm_fpu load with the run window's accesses), about six program runs per userspace
+// exit. kKvmRun: userspace exits only, from the kvm_fpu unload that ends KVM_RUN to the next
+// kvm_fpu load, their reason and access read from the vCPU's struct kvm_run (two program
+// runs per exit; accesses handled in the kernel counted only for `access_kinds`); needs
+// tp_btf and hosts where kvm_exit never fires (kvm-pvm). kAuto: kKvmRun where kvm_exit never
+// fires (kvm_pvm loaded, neither kvm_intel nor kvm_amd) and the kernel takes the program,
+// else kTracepoints.
+enum class BpfPairing : uint8_t { kAuto = 0, kKvmRun, kTracepoints };
+
 struct BpfKvmOptions {
   std::string tracefs_dir;  // for the format files; empty: FindTracefs()
   uint32_t tgid = 0;        // only this process (the VMM); 0: every process
@@ -47,6 +58,11 @@ struct BpfKvmOptions {
   // shell): followed in the kernel (sched_process_fork).
   bool follow_children = false;
   BpfAttach attach = BpfAttach::kAuto;
+  BpfPairing pairing = BpfPairing::kAuto;
+  // kKvmRun: the accesses handled in the kernel that are counted, 1u << KS_SUB_* each (the
+  // table's --event ioport|mmio|msr|hypercall needs its kind; the exit classes need none).
+  uint32_t access_kinds = (1u << KS_SUB_PORT) | (1u << KS_SUB_MMIO) | (1u << KS_SUB_MSR) |
+                          (1u << KS_SUB_HYPERCALL);
 };
 
 // One key's samples.
@@ -93,10 +109,13 @@ class BpfKvmStat {
   };
   RunTime ProgramRunTime() const;
 
+  // Whether the kvm-run pairing was chosen (BpfPairing::kKvmRun).
+  bool kvm_run() const noexcept { return kvm_run_; }
   // The tracepoints attached ("kvm_exit", ...), and those this kernel lacks.
   const std::vector<std::string>& attached() const noexcept { return attached_; }
-  // How they are attached, one line: "tp_btf: kvm_entry kvm_fpu ...; tracepoint: kvm_exit
-  // ...", with why tp_btf was not used where it was not ("tp_btf refused: ...").
+  // How they are attached, one line: "tracepoint pairing; tp_btf: kvm_entry kvm_fpu ...;
+  // tracepoint: kvm_exit ...", with why tp_btf or the kvm-run pairing was not used where it
+  // was not ("tp_btf refused: ...").
   const std::string& attachment() const noexcept { return attachment_; }
   const std::vector<std::string>& missing() const noexcept { return missing_; }
 
@@ -106,6 +125,14 @@ class BpfKvmStat {
   std::unique_ptr<Impl> impl_;
   std::vector<std::string> attached_, missing_;
   std::string attachment_;
+  bool kvm_run_ = false;
 };
+
+// kvm-run pairing: every access hit is counted as handled in the kernel; this takes each
+// userspace exit's own access (the PIO/MMIO/hypercall hit KVM emits for the access it hands
+// the VMM) out of those counts: ended exits, and exits in flight whose hit came before the
+// exit (writes, hypercalls; a read's hit comes with its completion after re-entry). MSR exits
+// have no hit. Public for the tests.
+void SubtractOwnAccesses(BpfKvmSnapshot* snap);
 
 }  // namespace exitscope::sources::bpf

@@ -40,15 +40,43 @@ struct {
   __uint(type, BPF_MAP_TYPE_HASH);
   __uint(max_entries, KS_MAX_KEYS);
   __type(key, struct ks_key);
-  __type(value, struct ks_stats);
-} ks_stats SEC(".maps");
+  __type(value, __u32);
+} ks_key_index SEC(".maps");
 
 struct {
-  __uint(type, BPF_MAP_TYPE_HASH);
-  __uint(max_entries, KS_MAX_BUCKET_ENTRIES);
-  __type(key, struct ks_bucket_key);
-  __type(value, __u64);
-} ks_buckets SEC(".maps");
+  __uint(type, BPF_MAP_TYPE_ARRAY);
+  __uint(map_flags, BPF_F_MMAPABLE);
+  __uint(max_entries, KS_MAX_KEYS);
+  __type(key, __u32);
+  __type(value, struct ks_slot);
+} ks_slots SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_ARRAY);
+  __uint(map_flags, BPF_F_MMAPABLE);
+  __uint(max_entries, KS_MAX_ROWS);
+  __type(key, __u32);
+  __type(value, struct ks_row);
+} ks_rows SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, __u32);
+  __type(value, struct ks_alloc);
+} ks_alloc SEC(".maps");
+
+/* Thread state: slot tid % KS_THREAD_SLOTS of an array, claimed by the first thread that
+ * maps to it (an array element is one address computed in the program; a hash lookup is
+ * three dependent cold reads, ~2x the cost per hit on these hosts), and a hash for the
+ * threads whose slot another thread holds. */
+struct {
+  __uint(type, BPF_MAP_TYPE_ARRAY);
+  __uint(map_flags, BPF_F_MMAPABLE);
+  __uint(max_entries, KS_THREAD_SLOTS);
+  __type(key, __u32);
+  __type(value, struct ks_thread);
+} ks_thread_slots SEC(".maps");
 
 struct {
   __uint(type, BPF_MAP_TYPE_HASH);
@@ -76,7 +104,6 @@ struct {
 
 /* Initial values of new map entries (the stack is too small for a ks_thread). */
 static const struct ks_thread zero_thread;
-static const struct ks_stats zero_stats;
 
 /* One decoded record (only what `type` defines is set). */
 struct rec {
@@ -136,61 +163,108 @@ static __always_inline __u64 field(void* ctx, int f) {
   }
 }
 
+/* A fingerprint of a key (never 0) for the thread's key cache. */
+static __always_inline __u64 key_fp(const struct ks_key* k) {
+  const __u64* w = (const __u64*)k;
+  __u64 h = 0x9e3779b97f4a7c15ull;
+  for (int i = 0; i < (int)(sizeof(*k) / 8); i++) h = (h ^ w[i]) * 0xff51afd7ed558ccdull;
+  return h | 1;
+}
+
+static __always_inline int key_eq(const struct ks_key* a, const struct ks_key* b) {
+  const __u64 *x = (const __u64*)a, *y = (const __u64*)b;
+  for (int i = 0; i < (int)(sizeof(*a) / 8); i++)
+    if (x[i] != y[i]) return 0;
+  return 1;
+}
+
+/* The slot of key k: from the thread's cache, else the index (a new key gets the next free
+ * slot); NULL when every slot is taken. */
+static __always_inline struct ks_slot* slot_of(struct ks_thread* t, const struct ks_key* k) {
+  const __u64 fp = key_fp(k);
+  const __u32 ci = fp & (KS_KEY_CACHE - 1);
+  struct ks_slot* s;
+  if (t->cache_fp[ci] == fp) {
+    __u32 i = t->cache_slot[ci];
+    s = bpf_map_lookup_elem(&ks_slots, &i);
+    if (s && key_eq(&s->key, k)) return s;
+  }
+  __u32* idx = bpf_map_lookup_elem(&ks_key_index, k);
+  __u32 i;
+  if (idx) {
+    i = *idx;
+  } else {
+    __u32 zero = 0;
+    struct ks_alloc* a = bpf_map_lookup_elem(&ks_alloc, &zero);
+    if (!a) return 0;
+    i = __sync_fetch_and_add(&a->slots, 1);
+    if (i >= KS_MAX_KEYS) return 0;
+    s = bpf_map_lookup_elem(&ks_slots, &i);
+    if (!s) return 0;
+    s->key = *k; /* before the index entry: a reader skips slots whose key is not written */
+    if (bpf_map_update_elem(&ks_key_index, k, &i, BPF_NOEXIST) != 0) return 0;
+  }
+  s = bpf_map_lookup_elem(&ks_slots, &i);
+  if (!s) return 0;
+  t->cache_fp[ci] = fp;
+  t->cache_slot[ci] = i;
+  return s;
+}
+
 /* Adds one sample of key k (duration d when timed). */
 static __noinline void add_sample(struct ks_thread* t, const struct ks_key* kin, __u64 d,
                                   int timed) {
-  struct ks_counters* c = counters();
   struct ks_key k = *kin;
   k.tgid = t->tgid;
   k.tid = t->tid;
   k.vcpu = t->vcpu;
   k.pad[0] = k.pad[1] = k.pad[2] = 0;
-  struct ks_stats* s = bpf_map_lookup_elem(&ks_stats, &k);
+  struct ks_slot* s = slot_of(t, &k);
   if (!s) {
-    bpf_map_update_elem(&ks_stats, &k, &zero_stats, BPF_NOEXIST);
-    s = bpf_map_lookup_elem(&ks_stats, &k);
-    if (!s) {
-      if (c) c->keys_full++;
-      return;
-    }
-  }
-  if (c) {
-    c->exits++;
-    if (k.flags & KS_F_KERNEL_ACCESS) c->kernel_accesses++;
-  }
-  if (!timed) {
-    __sync_fetch_and_add(&s->untimed, 1);
+    struct ks_counters* c = counters();
+    if (c) c->keys_full++;
     return;
   }
-  __sync_fetch_and_add(&s->timed, 1);
-  __sync_fetch_and_add(&s->sum, d);
-  if (s->timed == 1 || d < s->min) s->min = d; /* one thread per key: no race */
-  if (d > s->max) s->max = d;
+  if (!timed) {
+    s->stats.untimed++;
+    return;
+  }
+  /* The bucket first, then the totals (a reader may see a key's bucket one sample ahead). */
+  const __u32 b = ks_bucket_of(d);
+  const __u32 r = b / KS_ROW_BUCKETS;
+  if (r < KS_KEY_ROWS) {
+    __u32 ri = s->row[r];
+    if (ri == 0) {
+      __u32 zero = 0;
+      struct ks_alloc* a = bpf_map_lookup_elem(&ks_alloc, &zero);
+      __u32 n = a ? __sync_fetch_and_add(&a->rows, 1) : KS_MAX_ROWS;
+      if (n < KS_MAX_ROWS) {
+        ri = n + 1;
+        s->row[r] = ri;
+      }
+    }
+    __u32 row_index = ri - 1;
+    struct ks_row* row = ri ? bpf_map_lookup_elem(&ks_rows, &row_index) : 0;
+    if (row) {
+      row->n[b % KS_ROW_BUCKETS]++;
+    } else {
+      struct ks_counters* c = counters();
+      if (c) c->buckets_full++;
+    }
+  }
+  struct ks_stats* st = &s->stats;
+  st->timed++;
+  st->sum += d;
+  if (st->timed == 1 || d < st->min) st->min = d;
+  if (d > st->max) st->max = d;
   /* d * d in 128 bits */
   const __u64 hi = d >> 32, lo = d & 0xffffffffull;
   const __u64 ll = lo * lo, hl = hi * lo, hh = hi * hi;
   __u64 sq_lo = ll + (hl << 33);
   __u64 sq_hi = hh + (hl >> 31) + (sq_lo < ll ? 1 : 0);
-  const __u64 old = s->sq_lo;
-  s->sq_lo = old + sq_lo;
-  s->sq_hi += sq_hi + (s->sq_lo < old ? 1 : 0);
-
-  struct ks_bucket_key bk = {};
-  bk.key = k;
-  bk.bucket = ks_bucket_of(d);
-  __u64* n = bpf_map_lookup_elem(&ks_buckets, &bk);
-  if (n) {
-    __sync_fetch_and_add(n, 1);
-    return;
-  }
-  __u64 one = 1;
-  if (bpf_map_update_elem(&ks_buckets, &bk, &one, BPF_NOEXIST) != 0) {
-    n = bpf_map_lookup_elem(&ks_buckets, &bk);
-    if (n)
-      __sync_fetch_and_add(n, 1);
-    else if (c)
-      c->buckets_full++;
-  }
+  const __u64 old = st->sq_lo;
+  st->sq_lo = old + sq_lo;
+  st->sq_hi += sq_hi + (st->sq_lo < old ? 1 : 0);
 }
 
 /* An access handled in the kernel (no exit record of its own): counted, no time. */
@@ -594,17 +668,25 @@ static __always_inline struct ks_thread* thread_of(__u32 type, __u32* tid_out) {
   const __u64 pid_tgid = bpf_get_current_pid_tgid();
   const __u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
   if (!counted(tgid)) return 0;
-  struct ks_counters* c = counters();
-  if (c && type < KS_EV_COUNT) c->records[type]++;
-  struct ks_thread* t = bpf_map_lookup_elem(&ks_threads, &tid);
+  __u32 slot = tid & (KS_THREAD_SLOTS - 1);
+  struct ks_thread* t = bpf_map_lookup_elem(&ks_thread_slots, &slot);
+  if (t && t->tid != tid && (t->tid != 0 || __sync_val_compare_and_swap(&t->tid, 0, tid) != 0))
+    t = bpf_map_lookup_elem(&ks_threads, &tid); /* the slot is another thread's */
   if (!t) {
     bpf_map_update_elem(&ks_threads, &tid, &zero_thread, BPF_NOEXIST);
     t = bpf_map_lookup_elem(&ks_threads, &tid);
     if (!t) {
-      if (c) c->threads_full++;
+      struct ks_counters* c = counters();
+      if (c) {
+        if (type < KS_EV_COUNT) c->records[type]++;
+        c->threads_full++;
+      }
       return 0;
     }
   }
+  /* Counted in the thread's own entry, which every hit touches anyway (a per-CPU counter
+   * would be one more cold page per hit). */
+  if (type < KS_EV_COUNT) t->records[type]++;
   if (t->first_ts == 0) { /* new thread */
     t->first_ts = bpf_ktime_get_ns();
     t->tid = tid;
@@ -819,3 +901,193 @@ KS_BTF_END(KS_EV_INJ_EXCEPTION)
 
 KS_BTF_PROG(kvm_cpuid, KS_EV_CPUID)
 KS_BTF_END(KS_EV_CPUID)
+
+/* The kvm-run pairing (the loader loads these instead of everything above on hosts where
+ * kvm_exit never fires, e.g. kvm-pvm): a userspace exit is, as in the tracepoint pairing,
+ * kvm_userspace_exit -> the next kvm_fpu load on the thread, but what it was is read where
+ * KVM left it for the VMM, in the vCPU's struct kvm_run (exit_reason, io.port/size/direction,
+ * mmio.phys_addr/len/is_write, hypercall.nr, msr.index), at the kvm_fpu unload just before
+ * kvm_userspace_exit. Three program runs per exit instead of six, and no run window to keep.
+ * Accesses handled in the kernel are counted only where the table needs them (--event
+ * ioport|mmio|msr|hypercall: ks_run_kvm_pio ...): every hit is counted as one, and userspace
+ * subtracts each exit's own access (bpf_kvm_stat.cc).
+ *
+ * Which vCPU: KVM registers &vcpu->preempt_notifier on the task in vcpu_load() and removes
+ * it in vcpu_put(); both kvm_fpu hits fall in between, so the task's first preempt notifier
+ * is its vCPU's. Checked: that vCPU's pid is the task's. */
+#define KVM_EXIT_X86_RDMSR 29
+#define KVM_EXIT_X86_WRMSR 30
+#define KVM_EXIT_IO_IN 0
+
+/* The kvm_run of the thread's loaded vCPU (0: none), cached in the thread's entry: while the
+ * task's first preempt notifier is the one found last time, the vCPU is the same and its
+ * struct kvm_vcpu is not read again (each cold page a program touches costs here). */
+static __always_inline __u64 loaded_vcpu_run(struct ks_thread* t) {
+  struct task_struct* task = bpf_get_current_task_btf();
+  struct hlist_node* n = task->preempt_notifiers.first;
+  if (!n) return 0;
+  if ((__u64)n == t->vcpu_notifier) return t->vcpu_run;
+  struct kvm_vcpu* v =
+      (struct kvm_vcpu*)((char*)n - bpf_core_field_offset(struct kvm_vcpu, preempt_notifier));
+  if (BPF_CORE_READ(v, pid) != task->thread_pid) return 0;
+  t->vcpu_notifier = (__u64)n;
+  t->vcpu_run = (__u64)BPF_CORE_READ(v, run);
+  t->vcpu = BPF_CORE_READ(v, vcpu_id);
+  return t->vcpu_run;
+}
+
+/* The head of struct kvm_run (include/uapi/linux/kvm.h: a fixed ABI, the VMM reads it). */
+struct ks_kvm_run_head {
+  __u8 request_interrupt_window, immediate_exit, padding1[6];
+  __u32 exit_reason;
+  __u8 ready_for_interrupt_injection, if_flag;
+  __u16 flags;
+  __u64 cr8, apic_base;
+  union {
+    struct {
+      __u8 direction, size;
+      __u16 port;
+      __u32 count;
+      __u64 data_offset;
+    } io;
+    struct {
+      __u64 phys_addr;
+      __u8 data[8];
+      __u32 len;
+      __u8 is_write;
+    } mmio;
+    struct {
+      __u64 nr;
+    } hypercall;
+    struct {
+      __u8 error, pad[7];
+      __u32 reason, index;
+    } msr;
+  };
+};
+
+/* The exit KVM_RUN is returning with, from kvm_run (kvm_userspace_exit starts its time). */
+static __always_inline void start_run_exit(struct ks_thread* t, __u64 run, __u32 tid) {
+  struct ks_key* e = &t->ev;
+  clear_ev(e, tid);
+  struct ks_kvm_run_head h = {};
+  bpf_probe_read_kernel(&h, sizeof h, (const void*)run); /* one read, one cache line */
+  const __u32 reason = h.exit_reason;
+  e->flags = KS_F_USERSPACE;
+  e->user_reason = reason;
+  switch (reason) {
+    case KVM_EXIT_IO:
+      e->subkind = KS_SUB_PORT;
+      e->subkey = h.io.port;
+      e->size = h.io.size;
+      e->dir = h.io.direction == KVM_EXIT_IO_IN ? KS_DIR_READ : KS_DIR_WRITE;
+      break;
+    case KVM_EXIT_MMIO:
+      e->subkind = KS_SUB_MMIO;
+      e->subkey = h.mmio.phys_addr;
+      e->size = (__u8)h.mmio.len;
+      e->dir = h.mmio.is_write ? KS_DIR_WRITE : KS_DIR_READ;
+      break;
+    case KVM_EXIT_HYPERCALL:
+      e->subkind = KS_SUB_HYPERCALL;
+      e->subkey = h.hypercall.nr;
+      break;
+    case KVM_EXIT_X86_RDMSR:
+    case KVM_EXIT_X86_WRMSR:
+      e->subkind = KS_SUB_MSR;
+      e->subkey = h.msr.index;
+      e->size = 8;
+      e->dir = reason == KVM_EXIT_X86_WRMSR ? KS_DIR_WRITE : KS_DIR_READ;
+      break;
+    default:
+      break;
+  }
+  t->exit_ts = 0; /* set by kvm_userspace_exit */
+  t->ev_is_kernel = 0;
+  t->hold_next = KS_HOLD_NONE;
+  t->phase = KS_USER_EXIT;
+}
+
+SEC("tp_btf/kvm_fpu")
+int BPF_PROG(ks_run_kvm_fpu, int load) {
+  __u32 tid = 0;
+  struct ks_thread* t = thread_of(KS_EV_FPU, &tid);
+  if (!t) return 0;
+  if (load) { /* KVM_RUN entered: the exit in flight, if any, ends */
+    if (t->phase != KS_USER_EXIT) return 0;
+    if (t->exit_ts != 0) {
+      end_exit(t, bpf_ktime_get_ns());
+    } else { /* no kvm_userspace_exit came: counted, no time */
+      t->phase = KS_IDLE;
+      t->ev.flags |= KS_F_NOT_TRACED;
+      add_sample(t, &t->ev, 0, 0);
+    }
+    return 0;
+  }
+  const __u64 run = loaded_vcpu_run(t);
+  if (!run) {
+    struct ks_counters* c = counters();
+    if (c) c->no_vcpu++;
+    return 0;
+  }
+  if (t->phase == KS_USER_EXIT) { /* two unloads without a load between: not KVM_RUN's */
+    struct ks_counters* c = counters();
+    if (c) c->unpaired_exits++;
+  }
+  start_run_exit(t, run, tid);
+  return 0;
+}
+
+SEC("tp_btf/kvm_userspace_exit")
+int BPF_PROG(ks_run_kvm_userspace_exit, __u32 reason, int errno_) {
+  __u32 tid = 0;
+  struct ks_thread* t = thread_of(KS_EV_USERSPACE_EXIT, &tid);
+  if (!t || t->phase != KS_USER_EXIT || t->exit_ts != 0) return 0;
+  t->exit_ts = bpf_ktime_get_ns();
+  t->ev.user_reason = reason;
+  t->ev.user_err = errno_;
+  if (errno_ < 0) { /* restart / error: no access (as kvm_pairing names them) */
+    t->ev.subkind = KS_SUB_NONE;
+    t->ev.subkey = 0;
+    t->ev.size = 0;
+    t->ev.dir = KS_DIR_NONE;
+  }
+  return 0;
+}
+
+/* One access hit, counted as handled in the kernel (userspace subtracts the exits' own). */
+static __always_inline int run_access(__u32 type, __u8 kind, __u64 key, __u8 dir, __u8 size) {
+  __u32 tid = 0;
+  struct ks_thread* t = thread_of(type, &tid);
+  if (!t) return 0;
+  struct ks_access a = {};
+  set_access(&a, kind, key, dir, size, 0);
+  emit_access(t, &a);
+  return 0;
+}
+
+SEC("tp_btf/kvm_pio")
+int BPF_PROG(ks_run_kvm_pio, unsigned int rw, unsigned int port, unsigned int size) {
+  return run_access(KS_EV_PIO, KS_SUB_PORT, port, rw ? KS_DIR_WRITE : KS_DIR_READ, size);
+}
+
+SEC("tp_btf/kvm_mmio")
+int BPF_PROG(ks_run_kvm_mmio, int type, int len, __u64 gpa) {
+  if (type == MMIO_UNSATISFIED_READ) { /* a read going to the VMM: its completion counts */
+    __u32 tid = 0;
+    thread_of(KS_EV_MMIO, &tid);
+    return 0;
+  }
+  return run_access(KS_EV_MMIO, KS_SUB_MMIO, gpa, type == MMIO_WRITE ? KS_DIR_WRITE : KS_DIR_READ,
+                    (__u8)len);
+}
+
+SEC("tp_btf/kvm_msr")
+int BPF_PROG(ks_run_kvm_msr, unsigned int write, __u32 ecx) {
+  return run_access(KS_EV_MSR, KS_SUB_MSR, ecx, write ? KS_DIR_WRITE : KS_DIR_READ, 8);
+}
+
+SEC("tp_btf/kvm_hypercall")
+int BPF_PROG(ks_run_kvm_hypercall, unsigned long nr) {
+  return run_access(KS_EV_HYPERCALL, KS_SUB_HYPERCALL, nr, KS_DIR_NONE, 0);
+}

@@ -3,16 +3,26 @@
  * only: the BPF program includes it after vmlinux.h, C++ after <linux/types.h>.
  *
  * Maps:
- *   ks_stats    hash  ks_key -> ks_stats          one entry per exit key (count, sum, min, max,
- *                                                 sum of squares in 128 bits, untimed count)
- *   ks_buckets  hash  ks_bucket_key -> __u64      one entry per (key, histogram bucket) in use:
- *                                                 the buckets of analysis/histogram.h's
- *                                                 LatencyHistogram (128 exact values, then 64
- *                                                 linear buckets per octave)
- *   ks_threads  hash  tid -> ks_thread            the pairing state of every vCPU thread: the
- *                                                 in-flight map (phase != KS_IDLE: an exit
- *                                                 started at exit_ts and not ended yet)
- *   ks_counters percpu array [1] -> ks_counters   records per tracepoint, what was dropped
+ *   ks_key_index    hash  ks_key -> slot           which ks_slots entry holds a key
+ *   ks_slots        array [KS_MAX_KEYS] ks_slot    one per exit key: count, sum, min, max, sum
+ *                                                  of squares in 128 bits, untimed count, and
+ *                                                  its histogram rows (mmap()ed by userspace)
+ *   ks_rows         array [KS_MAX_ROWS] ks_row     64 consecutive buckets of one key's
+ *                                                  histogram each, the buckets of
+ *                                                  analysis/histogram.h's LatencyHistogram (128
+ *                                                  exact values, then 64 linear buckets per
+ *                                                  octave: one row per octave)
+ *   ks_alloc        array [1] ks_alloc             slots and rows handed out so far
+ *   ks_thread_slots array [tid % KS_THREAD_SLOTS] -> ks_thread, and for threads whose slot
+ *                   another thread holds:
+ *   ks_threads      hash  tid -> ks_thread         the pairing state of every vCPU thread: the
+ *                                                  in-flight map (phase != KS_IDLE: an exit
+ *                                                  started at exit_ts and not ended yet)
+ *   ks_counters     percpu array [1] ks_counters   what was dropped, rare events
+ * A key belongs to one thread (its tid is part of it), so one CPU at a time writes its slot
+ * and rows: plain adds, no atomics. Per sample the program touches the thread's entry (which
+ * caches the slots of its last keys), one slot and one row: array elements, no hash lookups
+ * but on a key's first sample.
  */
 #ifndef EXITSCOPE_SOURCES_BPF_KVM_STAT_ABI_H_
 #define EXITSCOPE_SOURCES_BPF_KVM_STAT_ABI_H_
@@ -22,8 +32,12 @@
 #define KS_HIST_BUCKETS 3776
 
 #define KS_MAX_KEYS 16384
-#define KS_MAX_BUCKET_ENTRIES 131072
+#define KS_ROW_BUCKETS 64 /* buckets per ks_rows entry */
+#define KS_KEY_ROWS ((KS_HIST_BUCKETS + KS_ROW_BUCKETS - 1) / KS_ROW_BUCKETS)
+#define KS_MAX_ROWS 32768
+#define KS_KEY_CACHE 8 /* per thread: the slots of its last keys, a power of two */
 #define KS_MAX_THREADS 4096
+#define KS_THREAD_SLOTS 8192 /* a power of two */
 #define KS_MAX_PIDS 4096 /* processes followed below target_tgid (-- CMD) */
 
 /* ks_key.flags */
@@ -70,10 +84,20 @@ struct ks_stats {
   __u64 sq_lo, sq_hi; /* sum of squared durations, 128 bits */
 };
 
-struct ks_bucket_key {
-  struct ks_key key;
-  __u32 bucket;
+struct ks_slot {
+  struct ks_key key; /* flags == 0: not written yet */
+  struct ks_stats stats;
+  __u32 row[KS_KEY_ROWS]; /* 1 + the ks_rows entry of buckets [64 r, 64 r + 64); 0: none yet */
   __u32 pad;
+};
+
+struct ks_row {
+  __u64 n[KS_ROW_BUCKETS];
+};
+
+struct ks_alloc {
+  __u32 slots; /* ks_slots entries handed out (may pass KS_MAX_KEYS: then full) */
+  __u32 rows;  /* ks_rows entries handed out (may pass KS_MAX_ROWS: then full) */
 };
 
 /* One access seen in a run window, or a kernel exit's child. */
@@ -97,31 +121,6 @@ struct ks_access {
 #define KS_HOLD_PIO_MAYBE 2
 #define KS_HOLD_MMIO_READ 3
 
-/* The pairing state of one thread: sources/kvm_pairing.h's KvmPairer::Thread, in the kernel. */
-struct ks_thread {
-  __u64 first_ts;        /* bpf_ktime_get_ns() of the thread's first record */
-  __u64 exit_ts;         /* start of the exit in flight (phase != KS_IDLE), CLOCK_MONOTONIC ns */
-  struct ks_key ev;      /* the exit being built */
-  struct ks_key held_ev; /* a finished exit waiting for its completion (held != 0) */
-  __u64 held_dur;
-  struct ks_access child;     /* kernel exits: the most informative child so far */
-  struct ks_access cand_pio;  /* the window's last pio_write */
-  struct ks_access cand_mmio; /* the window's last mmio write or unsatisfied-read */
-  struct ks_access cand_hc;   /* the window's last kvm_hypercall */
-  struct ks_access candidate; /* the pio_write of a KS_HOLD_PIO_MAYBE exit */
-  __u32 tgid;
-  __u32 tid;
-  __s32 vcpu;
-  __u8 phase;
-  __u8 seen_entry;   /* a kvm_entry came on this thread: kernel exits have ends */
-  __u8 window_fresh; /* no kvm_emulate_insn and no access since the last re-entry */
-  __u8 insn_dir;     /* IN / OUT of the window's last kvm_emulate_insn */
-  __u8 hold_next;
-  __u8 held;
-  __u8 ev_is_kernel;
-  __u8 pad[5];
-};
-
 /* The tracepoints read, in the order of ks_counters.records. */
 #define KS_EV_EXIT 0
 #define KS_EV_ENTRY 1
@@ -138,17 +137,49 @@ struct ks_thread {
 #define KS_EV_CPUID 12
 #define KS_EV_COUNT 13
 
+/* The pairing state of one thread: sources/kvm_pairing.h's KvmPairer::Thread, in the kernel.
+ * What every hit reads and writes comes first (the kvm-run pairing touches only the first
+ * three cache lines: each cold line a program touches costs here). */
+struct ks_thread {
+  __u32 tgid;
+  __u32 tid;
+  __s32 vcpu;
+  __u8 phase;
+  __u8 seen_entry;   /* a kvm_entry came on this thread: kernel exits have ends */
+  __u8 window_fresh; /* no kvm_emulate_insn and no access since the last re-entry */
+  __u8 insn_dir;     /* IN / OUT of the window's last kvm_emulate_insn */
+  __u64 first_ts;    /* bpf_ktime_get_ns() of the thread's first record */
+  __u64 exit_ts;     /* start of the exit in flight (phase != KS_IDLE), CLOCK_MONOTONIC ns */
+  /* kvm-run pairing: the thread's vCPU as last found (its preempt notifier, kvm_run) */
+  __u64 vcpu_notifier;
+  __u64 vcpu_run;
+  __u8 hold_next;
+  __u8 held;
+  __u8 ev_is_kernel;
+  __u8 pad[5];
+  struct ks_key ev;           /* the exit being built */
+  __u64 cache_fp[KS_KEY_CACHE];   /* fingerprints of the thread's last keys (0: none) */
+  __u32 cache_slot[KS_KEY_CACHE]; /* and their ks_slots entries */
+  __u64 records[KS_EV_COUNT]; /* tracepoint hits of this thread (ks_counters: the others) */
+  struct ks_key held_ev;      /* a finished exit waiting for its completion (held != 0) */
+  __u64 held_dur;
+  struct ks_access child;     /* kernel exits: the most informative child so far */
+  struct ks_access cand_pio;  /* the window's last pio_write */
+  struct ks_access cand_mmio; /* the window's last mmio write or unsatisfied-read */
+  struct ks_access cand_hc;   /* the window's last kvm_hypercall */
+  struct ks_access candidate; /* the pio_write of a KS_HOLD_PIO_MAYBE exit */
+};
+
 struct ks_counters {
-  __u64 records[KS_EV_COUNT];
-  __u64 exits;           /* samples added (timed or not, accesses included) */
-  __u64 kernel_accesses; /* of which accesses handled in the kernel */
+  __u64 records[KS_EV_COUNT]; /* hits of threads not in ks_threads (Read() adds ks_thread's) */
   __u64 completions;     /* read completions attached to their exit after re-entry */
   __u64 unpaired_exits;  /* an exit overwritten by another before its end */
   __u64 entries_without_exit;
   __u64 children_outside_exit; /* candidates dropped when a kvm_exit started (as kvm_pairing) */
-  __u64 keys_full;             /* samples lost: ks_stats full */
-  __u64 buckets_full;          /* histogram counts lost: ks_buckets full (the sample is counted) */
+  __u64 keys_full;             /* samples lost: ks_slots full */
+  __u64 buckets_full;          /* histogram counts lost: ks_rows full (the sample is counted) */
   __u64 threads_full;          /* records lost: ks_threads full; forks not followed: ks_pids full */
+  __u64 no_vcpu;               /* kvm-run pairing: kvm_fpu unloads with no loaded vCPU found */
 };
 
 /* Field ids: where each tracepoint field the program reads sits in its record, read by the

@@ -229,10 +229,14 @@ int RunBpf(StatRun& run, sources::bpf::BpfKvmStat& bpf) {
     if (format == "table") {
       out += fmt::format(
           "exitscope kvm stat --bpf: {} #{}{}, {} keys, {} records, lost {} samples and {} "
-          "records{}\n",
+          "records{}{}\n",
           final_one ? "final" : "refresh", refresh,
           run.interval > 0 ? fmt::format(" (every {} s, cumulative)", run.interval) : "", rows.keys,
           rows.pairing.records_total, rows.lost_samples, rows.lost_records,
+          snap.counters.no_vcpu == 0
+              ? ""
+              : fmt::format("; {} exits without their vCPU's kvm_run (counted, no access)",
+                            snap.counters.no_vcpu),
           final_one && !run.stopped.empty() ? "; stopped: " + run.stopped : "");
     }
     out += Render(rows.analysis, ctx, run.ropts, format);

@@ -971,7 +971,7 @@ static __always_inline void start_run_exit(struct ks_thread* t, __u64 run, __u32
   struct ks_key* e = &t->ev;
   clear_ev(e, tid);
   struct ks_kvm_run_head h = {};
-  bpf_probe_read_kernel(&h, sizeof h, (const void*)run); /* one read, one cache line */
+  if (run) bpf_probe_read_kernel(&h, sizeof h, (const void*)run); /* one read, one line */
   const __u32 reason = h.exit_reason;
   e->flags = KS_F_USERSPACE;
   e->user_reason = reason;
@@ -1025,10 +1025,9 @@ int BPF_PROG(ks_run_kvm_fpu, int load) {
     return 0;
   }
   const __u64 run = loaded_vcpu_run(t);
-  if (!run) {
+  if (!run) { /* counted all the same, by its reason alone */
     struct ks_counters* c = counters();
     if (c) c->no_vcpu++;
-    return 0;
   }
   if (t->phase == KS_USER_EXIT) { /* two unloads without a load between: not KVM_RUN's */
     struct ks_counters* c = counters();

@@ -179,7 +179,7 @@ struct ks_counters {
   __u64 keys_full;             /* samples lost: ks_slots full */
   __u64 buckets_full;          /* histogram counts lost: ks_rows full (the sample is counted) */
   __u64 threads_full;          /* records lost: ks_threads full; forks not followed: ks_pids full */
-  __u64 no_vcpu;               /* kvm-run pairing: kvm_fpu unloads with no loaded vCPU found */
+  __u64 no_vcpu; /* kvm-run pairing: exits whose vCPU was not found (counted, no access) */
 };
 
 /* Field ids: where each tracepoint field the program reads sits in its record, read by the

@@ -22,6 +22,7 @@
 
 #include "CLI/CLI.hpp"
 #include "cli/commands.h"
+#include "cli/gated_child.h"
 #include "cli/parse_args.h"
 #include "fmt/format.h"
 #include "sources/tracefs_dat.h"
@@ -49,84 +50,6 @@ class CountingSink : public sources::RecordSink {
   void OnRecord(tep_handle* tep, tep_record* rec) override { ++by_type[tep_data_type(tep, rec)]; }
   std::map<int, uint64_t> by_type;
 };
-
-// A child that runs CMD once the parent says go (so tracing is on before its first
-// instruction), reporting an exec failure through a close-on-exec pipe.
-class Child {
- public:
-  Result<pid_t> Spawn(const std::vector<std::string>& cmd) {
-    if (::pipe2(go_, O_CLOEXEC) != 0 || ::pipe2(err_, O_CLOEXEC) != 0) {
-      return Fail(ErrorCode::kIo, fmt::format("pipe: {}", std::strerror(errno)));
-    }
-    pid_ = ::fork();
-    if (pid_ < 0) return Fail(ErrorCode::kIo, fmt::format("fork: {}", std::strerror(errno)));
-    if (pid_ == 0) {
-      ::close(go_[1]);
-      ::close(err_[0]);
-      char c = 0;
-      if (::read(go_[0], &c, 1) != 1 || c != 'g') ::_exit(127);
-      std::vector<char*> argv;
-      for (const std::string& a : cmd) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      ::execvp(argv[0], argv.data());
-      const int e = errno;
-      (void)!::write(err_[1], &e, sizeof e);
-      ::_exit(127);
-    }
-    ::close(go_[0]);
-    ::close(err_[1]);
-    go_[0] = err_[1] = -1;
-    return pid_;
-  }
-  // Lets the child exec; returns the exec errno (0 when it started).
-  int Go() {
-    (void)!::write(go_[1], "g", 1);
-    ::close(go_[1]);
-    go_[1] = -1;
-    int e = 0;
-    const ssize_t n = ::read(err_[0], &e, sizeof e);
-    ::close(err_[0]);
-    err_[0] = -1;
-    return n == static_cast<ssize_t>(sizeof e) ? e : 0;
-  }
-  // True once the child has exited (status kept).
-  bool Exited() {
-    if (pid_ <= 0) return true;
-    if (exited_) return true;
-    if (::waitpid(pid_, &status_, WNOHANG) == pid_) exited_ = true;
-    return exited_;
-  }
-  void Stop(int sig) {
-    if (pid_ <= 0 || Exited()) return;
-    ::kill(pid_, sig);
-    for (int i = 0; i < 300 && !Exited(); ++i) ::usleep(10'000);
-    if (!Exited()) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, &status_, 0);
-      exited_ = true;
-    }
-  }
-  ~Child() {
-    for (int fd : {go_[0], go_[1], err_[0], err_[1]})
-      if (fd >= 0) ::close(fd);
-    if (pid_ > 0 && !exited_) Stop(SIGKILL);
-  }
-  pid_t pid() const { return pid_; }
-  int status() const { return status_; }
-
- private:
-  int go_[2] = {-1, -1};
-  int err_[2] = {-1, -1};
-  pid_t pid_ = -1;
-  int status_ = 0;
-  bool exited_ = false;
-};
-
-std::string DescribeStatus(int status) {
-  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return fmt::format("killed by signal {}", WTERMSIG(status));
-  return "ended";
-}
 
 }  // namespace
 
@@ -200,7 +123,7 @@ int KvmRecordMain(int argc, char** argv) {
   opt.pid = pid;
 
   StopSignalScope signals;
-  Child child;
+  GatedChild child;
   if (!cmd.empty()) {
     auto spawned = child.Spawn(cmd);
     if (!spawned) return ReportError(self, spawned.error());

@@ -31,6 +31,7 @@
 #include "CLI/CLI.hpp"
 #include "analysis/kvm_stats.h"
 #include "cli/commands.h"
+#include "cli/gated_child.h"
 #include "cli/kvm_flags.h"
 #include "cli/kvm_live_metrics.h"
 #include "cli/kvm_stat_metrics.h"
@@ -53,79 +54,6 @@ namespace {
 
 using sources::StopSignalScope;
 
-// CMD, started once counting is on (so its first exit is seen), exec failure reported.
-class StatChild {
- public:
-  Result<pid_t> Spawn(const std::vector<std::string>& cmd) {
-    if (::pipe2(go_, O_CLOEXEC) != 0 || ::pipe2(err_, O_CLOEXEC) != 0) {
-      return Fail(ErrorCode::kIo, fmt::format("pipe: {}", std::strerror(errno)));
-    }
-    pid_ = ::fork();
-    if (pid_ < 0) return Fail(ErrorCode::kIo, fmt::format("fork: {}", std::strerror(errno)));
-    if (pid_ == 0) {
-      char c = 0;
-      if (::read(go_[0], &c, 1) != 1 || c != 'g') ::_exit(127);
-      std::vector<char*> argv;
-      for (const std::string& a : cmd) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      ::execvp(argv[0], argv.data());
-      const int e = errno;
-      (void)!::write(err_[1], &e, sizeof e);
-      ::_exit(127);
-    }
-    ::close(go_[0]);
-    ::close(err_[1]);
-    go_[0] = err_[1] = -1;
-    return pid_;
-  }
-  // Lets CMD exec; returns the exec errno (0 when it started).
-  int Go() {
-    (void)!::write(go_[1], "g", 1);
-    ::close(go_[1]);
-    go_[1] = -1;
-    int e = 0;
-    const ssize_t n = ::read(err_[0], &e, sizeof e);
-    ::close(err_[0]);
-    err_[0] = -1;
-    return n == static_cast<ssize_t>(sizeof e) ? e : 0;
-  }
-  bool Exited() {
-    if (pid_ <= 0 || exited_) return true;
-    if (::waitpid(pid_, &status_, WNOHANG) == pid_) exited_ = true;
-    return exited_;
-  }
-  void Stop(int sig) {
-    if (Exited()) return;
-    ::kill(pid_, sig);
-    for (int i = 0; i < 300 && !Exited(); ++i) ::usleep(10'000);
-    if (!Exited()) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, &status_, 0);
-      exited_ = true;
-    }
-  }
-  ~StatChild() {
-    for (int fd : {go_[0], go_[1], err_[0], err_[1]})
-      if (fd >= 0) ::close(fd);
-    if (pid_ > 0 && !exited_) Stop(SIGKILL);
-  }
-  pid_t pid() const { return pid_; }
-  int status() const { return status_; }
-
- private:
-  int go_[2] = {-1, -1};
-  int err_[2] = {-1, -1};
-  pid_t pid_ = -1;
-  int status_ = 0;
-  bool exited_ = false;
-};
-
-std::string DescribeStatus(int status) {
-  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return fmt::format("killed by signal {}", WTERMSIG(status));
-  return "ended";
-}
-
 struct StatRun {
   const char* self = "";
   KvmAnalysisFlags flags;
@@ -133,14 +61,14 @@ struct StatRun {
   double duration = 0;  // --duration: 0 = until CMD exits / Ctrl-C
   std::vector<std::string> cmd;
   std::string tracefs_dir;
-  bool bpf_stats = false;           // --bpf-stats
-  std::string metrics_listen;       // --metrics
-  std::string bpf_attach = "auto";  // --bpf-attach
-  std::string bpf_pairing = "auto"; // --bpf-pairing
+  bool bpf_stats = false;            // --bpf-stats
+  std::string metrics_listen;        // --metrics
+  std::string bpf_attach = "auto";   // --bpf-attach
+  std::string bpf_pairing = "auto";  // --bpf-pairing
   analysis::KvmAnalysisOptions aopts;
   report::KvmRenderOptions ropts;
   sources::KvmPairerOptions popts;
-  StatChild child;
+  GatedChild child;
   std::string stopped;
 };
 

@@ -204,20 +204,34 @@ class BpfKvmStatTest : public ::testing::TestWithParam<std::string> {
                 bool via_shell = false) {
     Seen s;
     const std::string dat = tmp_ + "/guest.dat";
-    std::vector<std::string> cmd = {kBin,       "kvm",
-                                    "record",   "-o",
-                                    dat,        "--",
-                                    kBin,       "kvm",
-                                    "stat",     "--bpf",
-                                    "--bpf-pairing", GetParam(),
-                                    "--format", "json",
-                                    "--event",  event,
-                                    "--",       kBin,
-                                    "run",      "--guest",
-                                    guest,      "--vcpus",
-                                    "1",        "--no-dump",
-                                    "--serial", tmp_ + "/serial.txt",
-                                    "--disk",   tmp_ + "/disk.img"};
+    std::vector<std::string> cmd = {kBin,
+                                    "kvm",
+                                    "record",
+                                    "-o",
+                                    dat,
+                                    "--",
+                                    kBin,
+                                    "kvm",
+                                    "stat",
+                                    "--bpf",
+                                    "--bpf-pairing",
+                                    GetParam(),
+                                    "--format",
+                                    "json",
+                                    "--event",
+                                    event,
+                                    "--",
+                                    kBin,
+                                    "run",
+                                    "--guest",
+                                    guest,
+                                    "--vcpus",
+                                    "1",
+                                    "--no-dump",
+                                    "--serial",
+                                    tmp_ + "/serial.txt",
+                                    "--disk",
+                                    tmp_ + "/disk.img"};
     if (!arg.empty()) {
       cmd.push_back("--guest-arg");
       cmd.push_back(arg);

@@ -276,7 +276,6 @@ bool KvmExitNeverFires(std::string* why) {
 
 }  // namespace
 
-
 struct BpfKvmStat::Impl {
   kvm_stat_bpf* skel = nullptr;
   std::vector<bpf_link*> links;
@@ -420,18 +419,18 @@ Result<std::unique_ptr<BpfKvmStat>> BpfKvmStat::Open(const BpfKvmOptions& option
       const bool btf = use_btf && btf_ok[e];
       bpf_program__set_autoload(ProgramFor(impl->skel, e), !run && have[e] && !btf);
       if (bpf_program* p = BtfProgramFor(impl->skel, e)) bpf_program__set_autoload(p, !run && btf);
-      if (bpf_program* p = RunProgramFor(impl->skel, e)) bpf_program__set_autoload(p, run && run_counts(e));
+      if (bpf_program* p = RunProgramFor(impl->skel, e))
+        bpf_program__set_autoload(p, run && run_counts(e));
     }
     bpf_program__set_autoload(impl->skel->progs.ks_fork, cfg.follow_children != 0);
     return kvm_stat_bpf__load(impl->skel);
   };
   bool use_btf = options.attach != BpfAttach::kTracepoint;
   int err = load(use_btf, run);
-  if (err != 0 && run && options.pairing == BpfPairing::kAuto && -err != EPERM &&
-      -err != EACCES) {
-    run_why = fmt::format("kernel refused its program: {}", g_last_libbpf_message.empty()
-                                                                ? std::strerror(-err)
-                                                                : g_last_libbpf_message);
+  if (err != 0 && run && options.pairing == BpfPairing::kAuto && -err != EPERM && -err != EACCES) {
+    run_why =
+        fmt::format("kernel refused its program: {}",
+                    g_last_libbpf_message.empty() ? std::strerror(-err) : g_last_libbpf_message);
     run = false;
     err = load(use_btf, false);
   }
@@ -495,11 +494,11 @@ Result<std::unique_ptr<BpfKvmStat>> BpfKvmStat::Open(const BpfKvmOptions& option
   if (run) {
     out->attachment_ = fmt::format("kvm-run pairing; tp_btf:{}", on_btf);
   } else {
-    out->attachment_ = fmt::format(
-        "tracepoint pairing{}; tp_btf:{}; tracepoint:{}{}",
-        run_why.empty() ? "" : " (kvm-run pairing not used: " + run_why + ")",
-        on_btf.empty() ? " none" : on_btf, on_tp.empty() ? " none" : on_tp,
-        btf_why.empty() ? "" : " (" + btf_why + ")");
+    out->attachment_ =
+        fmt::format("tracepoint pairing{}; tp_btf:{}; tracepoint:{}{}",
+                    run_why.empty() ? "" : " (kvm-run pairing not used: " + run_why + ")",
+                    on_btf.empty() ? " none" : on_btf, on_tp.empty() ? " none" : on_tp,
+                    btf_why.empty() ? "" : " (" + btf_why + ")");
   }
   return out;
 }

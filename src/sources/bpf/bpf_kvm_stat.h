@@ -61,8 +61,8 @@ struct BpfKvmOptions {
   BpfPairing pairing = BpfPairing::kAuto;
   // kKvmRun: the accesses handled in the kernel that are counted, 1u << KS_SUB_* each (the
   // table's --event ioport|mmio|msr|hypercall needs its kind; the exit classes need none).
-  uint32_t access_kinds = (1u << KS_SUB_PORT) | (1u << KS_SUB_MMIO) | (1u << KS_SUB_MSR) |
-                          (1u << KS_SUB_HYPERCALL);
+  uint32_t access_kinds =
+      (1u << KS_SUB_PORT) | (1u << KS_SUB_MMIO) | (1u << KS_SUB_MSR) | (1u << KS_SUB_HYPERCALL);
 };
 
 // One key's samples.

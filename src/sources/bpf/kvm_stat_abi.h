@@ -38,7 +38,7 @@
 #define KS_KEY_CACHE 8 /* per thread: the slots of its last keys, a power of two */
 #define KS_MAX_THREADS 4096
 #define KS_THREAD_SLOTS 8192 /* a power of two */
-#define KS_MAX_PIDS 4096 /* processes followed below target_tgid (-- CMD) */
+#define KS_MAX_PIDS 4096     /* processes followed below target_tgid (-- CMD) */
 
 /* ks_key.flags */
 #define KS_F_KERNEL_EXIT 1u   /* a kvm_exit -> kvm_entry exit (exit_reason/isa are valid) */
@@ -157,11 +157,11 @@ struct ks_thread {
   __u8 held;
   __u8 ev_is_kernel;
   __u8 pad[5];
-  struct ks_key ev;           /* the exit being built */
+  struct ks_key ev;               /* the exit being built */
   __u64 cache_fp[KS_KEY_CACHE];   /* fingerprints of the thread's last keys (0: none) */
   __u32 cache_slot[KS_KEY_CACHE]; /* and their ks_slots entries */
-  __u64 records[KS_EV_COUNT]; /* tracepoint hits of this thread (ks_counters: the others) */
-  struct ks_key held_ev;      /* a finished exit waiting for its completion (held != 0) */
+  __u64 records[KS_EV_COUNT];     /* tracepoint hits of this thread (ks_counters: the others) */
+  struct ks_key held_ev;          /* a finished exit waiting for its completion (held != 0) */
   __u64 held_dur;
   struct ks_access child;     /* kernel exits: the most informative child so far */
   struct ks_access cand_pio;  /* the window's last pio_write */
@@ -171,9 +171,9 @@ struct ks_thread {
 };
 
 struct ks_counters {
-  __u64 records[KS_EV_COUNT]; /* hits of threads not in ks_threads (Read() adds ks_thread's) */
-  __u64 completions;     /* read completions attached to their exit after re-entry */
-  __u64 unpaired_exits;  /* an exit overwritten by another before its end */
+  __u64 records[KS_EV_COUNT]; /* hits of threads not tracked (maps full); Read() adds theirs */
+  __u64 completions;          /* read completions attached to their exit after re-entry */
+  __u64 unpaired_exits;       /* an exit overwritten by another before its end */
   __u64 entries_without_exit;
   __u64 children_outside_exit; /* candidates dropped when a kvm_exit started (as kvm_pairing) */
   __u64 keys_full;             /* samples lost: ks_slots full */

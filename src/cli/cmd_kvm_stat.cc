@@ -381,10 +381,10 @@ int KvmStatMain(int argc, char** argv) {
                  "classic tracepoints only")
       ->check(CLI::IsMember({"auto", "tp_btf", "tracepoint"}));
   app.add_option("--bpf-pairing", run.bpf_pairing,
-                 "auto | kvm-run | tracepoints: exits from kvm_fpu and the vCPU's kvm_run (two "
-                 "program runs per userspace exit; hosts where kvm_exit never fires, e.g. "
-                 "kvm-pvm: auto's choice there) or paired from every kvm tracepoint as kvm "
-                 "report pairs them (docs/kvm-bpf.md)")
+                 "auto | kvm-run | tracepoints: userspace exits from kvm_userspace_exit to the "
+                 "next kvm_fpu load, read from the vCPU's kvm_run (three program runs per exit; "
+                 "hosts where kvm_exit never fires, e.g. kvm-pvm: auto's choice there), or "
+                 "paired from every kvm tracepoint as kvm report pairs them (docs/kvm-bpf.md)")
       ->check(CLI::IsMember({"auto", "kvm-run", "tracepoints"}));
   app.add_option("--tracefs", run.tracefs_dir,
                  "tracefs mount point (default: $EXITSCOPE_TRACEFS or /sys/kernel/tracing)");

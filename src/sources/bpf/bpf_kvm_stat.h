@@ -43,9 +43,10 @@ enum class BpfAttach : uint8_t { kAuto = 0, kTpBtf, kTracepoint };
 // How exits are paired in the kernel. kTracepoints: every kvm tracepoint `kvm report` reads,
 // paired as sources/kvm_pairing.cc pairs them (kvm_exit -> kvm_entry; kvm_userspace_exit ->
 // next kvm_fpu load with the run window's accesses), about six program runs per userspace
-// exit. kKvmRun: userspace exits only, from the kvm_fpu unload that ends KVM_RUN to the next
-// kvm_fpu load, their reason and access read from the vCPU's struct kvm_run (two program
-// runs per exit; accesses handled in the kernel counted only for `access_kinds`); needs
+// exit. kKvmRun: userspace exits only, from kvm_userspace_exit to the next kvm_fpu load,
+// their access read from the vCPU's struct kvm_run at the kvm_fpu unload that ends KVM_RUN
+// (three program runs per exit; accesses handled in the kernel counted only for
+// `access_kinds`); needs
 // tp_btf and hosts where kvm_exit never fires (kvm-pvm). kAuto: kKvmRun where kvm_exit never
 // fires (kvm_pvm loaded, neither kvm_intel nor kvm_amd) and the kernel takes the program,
 // else kTracepoints.

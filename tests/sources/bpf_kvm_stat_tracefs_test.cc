@@ -456,6 +456,22 @@ TEST_P(BpfKvmStatTest, WithoutBtfItSaysSoInOneLineAndStreamsFromTracefs) {
   EXPECT_GE(std::stoull(r.out.substr(total + 14)) + open, vmm.io) << r.out;
 }
 
+// --bpf-pairing auto (the default) picks the kvm-run pairing exactly where kvm_exit never
+// fires: kvm_pvm loaded and neither kvm_intel nor kvm_amd (--bpf-stats names the pairing).
+TEST_P(BpfKvmStatTest, AutoPicksKvmRunWhereKvmExitNeverFires) {
+  if (GetParam() != "kvm-run") GTEST_SKIP() << "one run is enough";
+  Ran r = RunCmd({kBin, "kvm", "stat", "--bpf", "--bpf-stats", "--", kBin, "run", "--guest",
+                  "hello", "--vcpus", "1", "--no-dump", "--serial", tmp_ + "/serial.txt"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto loaded = [](const char* m) {
+    return ::access((std::string("/sys/module/") + m).c_str(), F_OK) == 0;
+  };
+  const bool pvm_only = loaded("kvm_pvm") && !loaded("kvm_intel") && !loaded("kvm_amd");
+  EXPECT_NE(r.err.find(pvm_only ? "attached as kvm-run pairing" : "attached as tracepoint pairing"),
+            std::string::npos)
+      << r.err;
+}
+
 INSTANTIATE_TEST_SUITE_P(Pairing, BpfKvmStatTest, ::testing::Values("kvm-run", "tracepoints"),
                          [](const ::testing::TestParamInfo<std::string>& i) {
                            return i.param == "kvm-run" ? std::string("KvmRun")

@@ -158,6 +158,12 @@ TEST(BpfKvmRows, HeldAndInFlightExitsArePlacedAsThePairerFinishes) {
   EXPECT_EQ(end.analysis.open_exits[0].start_ns, 1000u);
   EXPECT_EQ(end.pairing.open_at_end, 1u);
   EXPECT_EQ(Row(end.analysis.all, "MMIO")->samples(), 1u) << "open exits are in no row";
+
+  // kvm-run pairing, between the kvm_fpu unload and kvm_userspace_exit (exit_ts not set): no
+  // exit the VMM could see has started; not in flight, not open at the end.
+  s.threads[1].exit_ts = 0;
+  EXPECT_TRUE(BuildBpfKvmRows(s, o).in_flight.empty());
+  EXPECT_EQ(BuildBpfKvmRows(s, o).analysis.open_at_end, 0u);
 }
 
 }  // namespace
@@ -215,10 +221,12 @@ TEST(BpfKvmRows, KvmRunPairingSubtractsEachExitsOwnAccess) {
   s.samples.push_back(Sample(other_size, {}, 4));
   ks_thread t = Thread(7, 10);
   t.phase = KS_USER_EXIT;  // a write in flight: its hit is in
+  t.exit_ts = 5;
   t.ev = out;
   s.threads.push_back(t);
   ks_thread r = Thread(9, 10);
   r.phase = KS_USER_EXIT;  // a read in flight: its hit comes later
+  r.exit_ts = 5;
   r.ev = UserExit(9, 2, KS_SUB_PORT, 0x60, KS_DIR_READ);
   r.ev.size = 1;
   s.threads.push_back(r);

@@ -191,7 +191,9 @@ BpfKvmRows BuildBpfKvmRows(const BpfKvmSnapshot& snap, const BpfKvmRowOptions& o
       e.duration_ns = t.held_dur;
       agg.OnExit(e);
     }
-    if (t.phase == KS_IDLE) continue;
+    // Idle, or (kvm-run pairing) KVM_RUN is returning but kvm_userspace_exit has not come
+    // yet: no exit has started that the VMM could see.
+    if (t.phase == KS_IDLE || (t.phase == KS_USER_EXIT && t.exit_ts == 0)) continue;
     ks_key k = t.ev;
     k.tgid = t.tgid;
     k.tid = t.tid;

@@ -100,7 +100,8 @@ void SubtractOwnAccesses(BpfKvmSnapshot* snap) {
     own[key_of(k.tgid, k.tid, k)] += s.stats.timed + s.stats.untimed;
   }
   for (const ks_thread& t : snap->threads) {
-    if (t.phase != KS_USER_EXIT || !has_hit(t.ev) || t.ev.dir == KS_DIR_READ) continue;
+    if (t.phase != KS_USER_EXIT || t.exit_ts == 0 || !has_hit(t.ev) || t.ev.dir == KS_DIR_READ)
+      continue;
     ++own[key_of(t.tgid, t.tid, t.ev)];
   }
   for (BpfKvmSample& s : snap->samples) {

@@ -158,9 +158,9 @@ struct ks_thread {
   __u8 ev_is_kernel;
   __u8 pad[5];
   struct ks_key ev;               /* the exit being built */
+  __u64 records[KS_EV_COUNT];     /* tracepoint hits of this thread (ks_counters: the others) */
   __u64 cache_fp[KS_KEY_CACHE];   /* fingerprints of the thread's last keys (0: none) */
   __u32 cache_slot[KS_KEY_CACHE]; /* and their ks_slots entries */
-  __u64 records[KS_EV_COUNT];     /* tracepoint hits of this thread (ks_counters: the others) */
   struct ks_key held_ev;          /* a finished exit waiting for its completion (held != 0) */
   __u64 held_dur;
   struct ks_access child;     /* kernel exits: the most informative child so far */

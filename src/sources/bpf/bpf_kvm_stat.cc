@@ -14,7 +14,6 @@
 #include <map>
 #include <string_view>
 #include <tuple>
-#include <unordered_map>
 
 #include <fmt/format.h>
 

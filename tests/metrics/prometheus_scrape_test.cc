@@ -12,9 +12,7 @@
 // directory and a config written here; both are stopped at the end, also when the test fails.
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -33,32 +31,19 @@
 #include "exitscope/recorder.h"
 #include "metrics_text.h"
 #include "nlohmann/json.hpp"
+#include "support/run.h"
 
 namespace exitscope {
 namespace {
 
 namespace fs = std::filesystem;
+using test::FreePort;
 using testing::HttpGet;
 
 constexpr const char* kPrometheus = "/usr/bin/prometheus";
 constexpr const char* kQuery =
     "histogram_quantile(0.99, sum by (le, device, register) "
     "(rate(exitscope_exit_duration_seconds_bucket[10s])))";
-
-uint16_t FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    if (fd >= 0) ::close(fd);
-    return 0;
-  }
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 bool HaveKvm() {
   const int fd = ::open("/dev/kvm", O_RDWR | O_CLOEXEC);

@@ -12,8 +12,6 @@
 // Skips with the reason printed without /dev/kvm, without tracefs or where BPF is not
 // possible (not built, no BTF, no permission).
 #include <fcntl.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,64 +31,20 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "sources/tracefs_session.h"
+#include "support/run.h"
 
 namespace exitscope::sources {
 namespace {
 
 const std::string kBin = std::string(EXITSCOPE_BINARY_DIR) + "/exitscope";
 
-struct Ran {
-  int status = -1;
-  std::string out, err;
-};
+using test::FreePort;
+using test::Ran;
+using test::ReadFile;
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
+// argv run as it is (argv[0] a path), its stdout and stderr apart.
 Ran RunCmd(const std::vector<std::string>& argv) {
-  char out_tmpl[] = "/tmp/exitscope-bpf-out-XXXXXX";
-  char err_tmpl[] = "/tmp/exitscope-bpf-err-XXXXXX";
-  const int out = ::mkstemp(out_tmpl), err = ::mkstemp(err_tmpl);
-  Ran r;
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::dup2(out, 1);
-    ::dup2(err, 2);
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    ::execv(args[0], args.data());
-    ::_exit(127);
-  }
-  int st = 0;
-  ::waitpid(pid, &st, 0);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  r.out = ReadFile(out_tmpl);
-  r.err = ReadFile(err_tmpl);
-  ::close(out);
-  ::close(err);
-  ::unlink(out_tmpl);
-  ::unlink(err_tmpl);
-  return r;
-}
-
-uint16_t FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    if (fd >= 0) ::close(fd);
-    return 0;
-  }
-  ::close(fd);
-  return ntohs(a.sin_port);
+  return test::Run(argv);
 }
 
 // The kvm report JSON document in `text`: one line (kvm stat) or the whole text (kvm report).
@@ -149,11 +103,10 @@ VmmCounts VmmOwn(const std::string& err) {
   return c;
 }
 
-// Each test runs with both in-kernel pairings (--bpf-pairing): kvm-run (kvm_fpu and the
-// vCPU's kvm_run; hosts where kvm_exit never fires) and tracepoints (every kvm tracepoint,
-// paired as kvm report pairs them).
-class BpfKvmStatTest : public ::testing::TestWithParam<std::string> {
+// What every test here needs: the binary, /dev/kvm, tracefs (restored exactly after) and BPF.
+class BpfKvmStatEnv : public ::testing::Test {
  protected:
+  virtual std::string Pairing() const { return "auto"; }  // --bpf-pairing of RunGuest
   void SetUp() override {
     if (::access(kBin.c_str(), X_OK) != 0) GTEST_SKIP() << kBin << " not built";
     const int fd = ::open("/dev/kvm", O_RDWR | O_CLOEXEC);
@@ -215,7 +168,7 @@ class BpfKvmStatTest : public ::testing::TestWithParam<std::string> {
                                     "stat",
                                     "--bpf",
                                     "--bpf-pairing",
-                                    GetParam(),
+                                    Pairing(),
                                     "--format",
                                     "json",
                                     "--event",
@@ -279,6 +232,12 @@ class BpfKvmStatTest : public ::testing::TestWithParam<std::string> {
     EXPECT_EQ(count("IO"), s.vmm.io);
     EXPECT_EQ(count("MMIO"), s.vmm.mmio);
     EXPECT_EQ(count("HLT"), s.vmm.hlt);
+    // Hits of the two tracepoints every pairing reads, as tracefs saw them (the kvm-run
+    // pairing counts each KVM_RUN's kvm_fpu unload at its kvm_userspace_exit).
+    for (const char* tp : {"kvm_userspace_exit", "kvm_fpu"}) {
+      EXPECT_EQ(s.bpf["pairing"]["records"][tp], s.tracefs["pairing"]["records"][tp]) << tp;
+      EXPECT_GT(s.bpf["pairing"]["records"][tp].get<uint64_t>(), 0u) << tp;
+    }
   }
 
   // Per port (ioport) or address (mmio): every row equals the tracefs path's, accesses that
@@ -300,6 +259,14 @@ class BpfKvmStatTest : public ::testing::TestWithParam<std::string> {
   std::string tracefs_, tmp_;
   std::string skipped_;  // why a run was refused (kvm-run not possible on this host)
   std::unique_ptr<TracefsSettings> before_;
+};
+
+// Each test runs with both in-kernel pairings (--bpf-pairing): kvm-run (kvm_fpu and the
+// vCPU's kvm_run; hosts where kvm_exit never fires) and tracepoints (every kvm tracepoint,
+// paired as kvm report pairs them).
+class BpfKvmStatTest : public BpfKvmStatEnv, public ::testing::WithParamInterface<std::string> {
+ protected:
+  std::string Pairing() const override { return GetParam(); }
 };
 
 #define SKIP_IF_REFUSED() \
@@ -458,8 +425,8 @@ TEST_P(BpfKvmStatTest, WithoutBtfItSaysSoInOneLineAndStreamsFromTracefs) {
 
 // --bpf-pairing auto (the default) picks the kvm-run pairing exactly where kvm_exit never
 // fires: kvm_pvm loaded and neither kvm_intel nor kvm_amd (--bpf-stats names the pairing).
-TEST_P(BpfKvmStatTest, AutoPicksKvmRunWhereKvmExitNeverFires) {
-  if (GetParam() != "kvm-run") GTEST_SKIP() << "one run is enough";
+using BpfKvmStatAuto = BpfKvmStatEnv;
+TEST_F(BpfKvmStatAuto, PicksKvmRunWhereKvmExitNeverFires) {
   Ran r = RunCmd({kBin, "kvm", "stat", "--bpf", "--bpf-stats", "--", kBin, "run", "--guest",
                   "hello", "--vcpus", "1", "--no-dump", "--serial", tmp_ + "/serial.txt"});
   ASSERT_EQ(r.status, 0) << r.err;

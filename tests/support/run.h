@@ -2,11 +2,15 @@
 // output captured, the exitscope binary of this build, and skipping without /dev/kvm.
 #pragma once
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -77,6 +81,22 @@ inline Ran RunShell(const std::string& cmd, bool merge_stderr = true) {
 // This build's exitscope with ARGS as a shell would split them; output merged unless told.
 inline Ran RunExitscope(const std::string& args, bool merge_stderr = true) {
   return RunShell(ExitscopeBinary() + " " + args, merge_stderr);
+}
+
+// A loopback TCP port free right now, for a program under test to listen on (0: none found).
+inline uint16_t FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (fd >= 0) ::close(fd);
+    return 0;
+  }
+  ::close(fd);
+  return ntohs(a.sin_port);
 }
 
 // Empty when /dev/kvm opens read-write, else why not.

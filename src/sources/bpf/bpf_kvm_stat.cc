@@ -278,7 +278,7 @@ bool KvmExitNeverFires(std::string* why) {
 
 struct BpfKvmStat::Impl {
   kvm_stat_bpf* skel = nullptr;
-  std::vector<bpf_link*> links;
+  std::vector<bpf_link*> links;  // in the order Detach() destroys them
   int stats_fd = -1;
   // The arrays, mmap()ed read-only: ks_thread_slots, ks_slots, ks_rows.
   struct Mapped {
@@ -457,7 +457,18 @@ Result<std::unique_ptr<BpfKvmStat>> BpfKvmStat::Open(const BpfKvmOptions& option
   }
   std::vector<std::string> attached, missing;
   std::string on_btf, on_tp;
-  for (int e = 0; e < KS_EV_COUNT; ++e) {
+  // The kvm-run pairing attaches kvm_userspace_exit, where exits start, last and detaches it
+  // first: every exit it starts has had its KVM_RUN's kvm_fpu load (where the vCPU is found)
+  // and its own access counted, and gets its end (the next load), but for the last read
+  // completions. The other order starts exits no load found the vCPU of or ends.
+  std::vector<int> order;
+  for (int e = 0; e < KS_EV_COUNT; ++e) order.push_back(e);
+  if (run) {
+    std::stable_partition(order.begin(), order.end(), [](int e) { return e == KS_EV_FPU; });
+    std::stable_partition(order.begin(), order.end(),
+                          [](int e) { return e != KS_EV_USERSPACE_EXIT; });
+  }
+  for (const int e : order) {
     if (!have[e]) {
       missing.emplace_back(kEvents[e]);
       continue;
@@ -477,6 +488,7 @@ Result<std::unique_ptr<BpfKvmStat>> BpfKvmStat::Open(const BpfKvmOptions& option
     attached.emplace_back(kEvents[e]);
     (btf ? on_btf : on_tp) += fmt::format(" {}", kEvents[e]);
   }
+  if (run) std::reverse(impl->links.begin(), impl->links.end());  // Detach() order: see above
   if (cfg.follow_children) {
     bpf_link* link = bpf_program__attach(impl->skel->progs.ks_fork);
     if (link == nullptr) {

@@ -906,15 +906,17 @@ KS_BTF_END(KS_EV_CPUID)
  * kvm_exit never fires, e.g. kvm-pvm): a userspace exit is, as in the tracepoint pairing,
  * kvm_userspace_exit -> the next kvm_fpu load on the thread, but what it was is read where
  * KVM left it for the VMM, in the vCPU's struct kvm_run (exit_reason, io.port/size/direction,
- * mmio.phys_addr/len/is_write, hypercall.nr, msr.index), at the kvm_fpu unload just before
- * kvm_userspace_exit. Three program runs per exit instead of six, and no run window to keep.
+ * mmio.phys_addr/len/is_write, hypercall.nr, msr.index), at kvm_userspace_exit. Three program
+ * runs per exit instead of six (one of them, the kvm_fpu unload, returns at once), and no run
+ * window to keep.
  * Accesses handled in the kernel are counted only where the table needs them (--event
  * ioport|mmio|msr|hypercall: ks_run_kvm_pio ...): every hit is counted as one, and userspace
  * subtracts each exit's own access (bpf_kvm_stat.cc).
  *
  * Which vCPU: KVM registers &vcpu->preempt_notifier on the task in vcpu_load() and removes
- * it in vcpu_put(); both kvm_fpu hits fall in between, so the task's first preempt notifier
- * is its vCPU's. Checked: that vCPU's pid is the task's. */
+ * it in vcpu_put(); the kvm_fpu load falls in between, so there the task's first preempt
+ * notifier is its vCPU's (checked: that vCPU's pid is the task's), and that KVM_RUN's
+ * kvm_userspace_exit reads the kvm_run found then. */
 #define KVM_EXIT_X86_RDMSR 29
 #define KVM_EXIT_X86_WRMSR 30
 #define KVM_EXIT_IO_IN 0
@@ -1002,47 +1004,48 @@ static __always_inline void start_run_exit(struct ks_thread* t, __u64 run, __u32
     default:
       break;
   }
-  t->exit_ts = 0; /* set by kvm_userspace_exit */
   t->ev_is_kernel = 0;
   t->hold_next = KS_HOLD_NONE;
   t->phase = KS_USER_EXIT;
 }
 
+/* kvm_fpu: the load, in KVM_RUN after vcpu_load(), ends the exit in flight and finds the
+ * vCPU (its preempt notifier is registered now); the unload returns at once. That unload
+ * comes in the same KVM_RUN, just before vcpu_put() and kvm_userspace_exit, which counts it
+ * (every KVM_RUN that loads unloads: kvm_arch_vcpu_ioctl_run's one way out). A program that
+ * returns at once is the cheapest run there is, and this tracepoint's are a third of all. */
 SEC("tp_btf/kvm_fpu")
 int BPF_PROG(ks_run_kvm_fpu, int load) {
+  if (!load) return 0;
   __u32 tid = 0;
   struct ks_thread* t = thread_of(KS_EV_FPU, &tid);
   if (!t) return 0;
-  if (load) { /* KVM_RUN entered: the exit in flight, if any, ends */
-    if (t->phase != KS_USER_EXIT) return 0;
-    if (t->exit_ts != 0) {
-      end_exit(t, bpf_ktime_get_ns());
-    } else { /* no kvm_userspace_exit came: counted, no time */
-      t->phase = KS_IDLE;
-      t->ev.flags |= KS_F_NOT_TRACED;
-      add_sample(t, &t->ev, 0, 0);
-    }
-    return 0;
-  }
-  const __u64 run = loaded_vcpu_run(t);
-  if (!run) { /* counted all the same, by its reason alone */
-    struct ks_counters* c = counters();
-    if (c) c->no_vcpu++;
-  }
-  if (t->phase == KS_USER_EXIT) { /* two unloads without a load between: not KVM_RUN's */
-    struct ks_counters* c = counters();
-    if (c) c->unpaired_exits++;
-  }
-  start_run_exit(t, run, tid);
+  if (t->phase == KS_USER_EXIT && t->exit_ts != 0) end_exit(t, bpf_ktime_get_ns());
+  t->run_loaded = loaded_vcpu_run(t) != 0;
   return 0;
 }
 
+/* kvm_userspace_exit: the exit starts; what it was is read from the kvm_run of the vCPU this
+ * KVM_RUN loaded (found at its kvm_fpu load: vcpu_put() has removed the notifier by now). */
 SEC("tp_btf/kvm_userspace_exit")
 int BPF_PROG(ks_run_kvm_userspace_exit, __u32 reason, int errno_) {
   __u32 tid = 0;
   struct ks_thread* t = thread_of(KS_EV_USERSPACE_EXIT, &tid);
-  if (!t || t->phase != KS_USER_EXIT || t->exit_ts != 0) return 0;
-  t->exit_ts = bpf_ktime_get_ns();
+  if (!t) return 0;
+  const __u64 now = bpf_ktime_get_ns();
+  t->records[KS_EV_FPU]++; /* this KVM_RUN's kvm_fpu unload (see ks_run_kvm_fpu) */
+  const __u64 run = t->run_loaded ? t->vcpu_run : 0;
+  t->run_loaded = 0;
+  if (!run) { /* counted all the same, by its reason alone */
+    struct ks_counters* c = counters();
+    if (c) c->no_vcpu++;
+  }
+  if (t->phase == KS_USER_EXIT) { /* two exits without a KVM_RUN load between */
+    struct ks_counters* c = counters();
+    if (c) c->unpaired_exits++;
+  }
+  start_run_exit(t, run, tid);
+  t->exit_ts = now;
   t->ev.user_reason = reason;
   t->ev.user_err = errno_;
   if (errno_ < 0) { /* restart / error: no access (as kvm_pairing names them) */

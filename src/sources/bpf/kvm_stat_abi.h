@@ -156,7 +156,8 @@ struct ks_thread {
   __u8 hold_next;
   __u8 held;
   __u8 ev_is_kernel;
-  __u8 pad[5];
+  __u8 run_loaded; /* kvm-run pairing: vcpu_run is the vCPU this thread's KVM_RUN loaded */
+  __u8 pad[4];
   struct ks_key ev;               /* the exit being built */
   __u64 records[KS_EV_COUNT];     /* tracepoint hits of this thread (ks_counters: the others) */
   __u64 cache_fp[KS_KEY_CACHE];   /* fingerprints of the thread's last keys (0: none) */

@@ -1006,7 +1006,6 @@ static __always_inline void start_run_exit(struct ks_thread* t, __u64 run, __u32
   }
   t->ev_is_kernel = 0;
   t->hold_next = KS_HOLD_NONE;
-  t->phase = KS_USER_EXIT;
 }
 
 /* kvm_fpu: the load, in KVM_RUN after vcpu_load(), ends the exit in flight and finds the
@@ -1044,6 +1043,10 @@ int BPF_PROG(ks_run_kvm_userspace_exit, __u32 reason, int errno_) {
     struct ks_counters* c = counters();
     if (c) c->unpaired_exits++;
   }
+  /* Userspace reads the entry meanwhile (the in-flight view): the exit is in flight only once
+   * all of it is set. Compiler barriers keep the stores in this order; x86 keeps them so. */
+  t->phase = KS_IDLE;
+  asm volatile("" ::: "memory");
   start_run_exit(t, run, tid);
   t->exit_ts = now;
   t->ev.user_reason = reason;
@@ -1054,6 +1057,8 @@ int BPF_PROG(ks_run_kvm_userspace_exit, __u32 reason, int errno_) {
     t->ev.size = 0;
     t->ev.dir = KS_DIR_NONE;
   }
+  asm volatile("" ::: "memory");
+  t->phase = KS_USER_EXIT;
   return 0;
 }
 

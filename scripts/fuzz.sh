@@ -38,9 +38,14 @@ fi
 # Classic afl-g++ for C++ (the GCC plugin refuses this compiler's version, clang 14 cannot
 # compile std::expected); plain gcc for C, which builds the freestanding guest images.
 export CCACHE_BASEDIR=$ROOT AFL_QUIET=1
+# ccache when the machine has it (it is not a dependency: a fresh CI machine has none).
+launcher=()
+if command -v ccache >/dev/null; then
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+fi
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_COMPILER="${AFL_CC:-gcc}" -DCMAKE_CXX_COMPILER="${AFL_CXX:-afl-g++}" \
-  -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache \
+  "${launcher[@]}" \
   -DEXITSCOPE_FUZZ=ON -DEXITSCOPE_BUILD_TESTS=OFF -DEXITSCOPE_BUILD_BENCH=OFF >/dev/null
 cmake --build "$BUILD" -j "${JOBS:-$(nproc)}" --target "${TARGETS[@]/%/_fuzzer}"
 

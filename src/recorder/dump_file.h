@@ -3,7 +3,7 @@
 // section but `exits` serialised from a Dump, the file's layout, the header and section table,
 // the exits section encoded and checksummed a block at a time on its way to the file, and the
 // temporary file that replaces the dump atomically. Not public API; the format is
-// docs/dump-format.md (unchanged: the bytes are those of SerializeDump).
+// docs/dump-format.md (the bytes are those of SerializeDump).
 #pragma once
 
 #include <condition_variable>
@@ -19,11 +19,13 @@
 #include "exitscope/dump.h"
 #include "exitscope/status.h"
 #include "recorder/dump_format.h"
+#include "recorder/exit_codec.h"
 
 namespace exitscope::internal {
 
 // Every section but kExits, serialised (bytes[kExits] stays empty), with the exits count and
-// the file's layout: header, section table, sections back to back in id order.
+// the file's layout: header, section table, the other sections back to back in id order, then
+// the exits (offset[kExits] is set; its size is not known until the records are coded).
 struct DumpSections {
   std::string bytes[kSectionCount + 1];
   uint64_t total_exits = 0;
@@ -44,26 +46,18 @@ void BuildSections(const Dump& d, const DumpOptions& opts, const uint64_t* exit_
 // `s` with per-section CRCs `crc` (crc[kExits] included).
 std::string HeaderAndTable(const DumpSections& s, const uint32_t (&crc)[kSectionCount + 1]);
 
-// DumpExit's first kExitRecordSize bytes are the file's exit record (docs/dump-format.md) on
-// little-endian x86-64, so the exits section is written with one memcpy per record.
-static_assert(offsetof(DumpExit, start_ns) == 0 && offsetof(DumpExit, duration_ns) == 8 &&
-              offsetof(DumpExit, addr) == 16 && offsetof(DumpExit, value) == 24 &&
-              offsetof(DumpExit, vcpu) == 32 && offsetof(DumpExit, device) == 36 &&
-              offsetof(DumpExit, reg) == 40 && offsetof(DumpExit, reg_element) == 44 &&
-              offsetof(DumpExit, reg_delta) == 48 && offsetof(DumpExit, kind) == 52 &&
-              offsetof(DumpExit, size) == 53 && offsetof(DumpExit, dir) == 54 &&
-              offsetof(DumpExit, flags) == 55 && offsetof(DumpExit, map) == 56 &&
-              kExitRecordSize == 60 && sizeof(DumpExit) >= kExitRecordSize);
-static_assert(std::is_trivially_copyable_v<DumpExit>);
+// Sets the exits section's size (8-byte total + coded records) and with it the file's: the
+// exits are the last section of the file.
+void SetExitsSize(DumpSections* s, uint64_t bytes);
 
-// The file's 60-byte exit record for `e` (values dropped unless `guest_data`): the same bytes
-// as dump_writer.cc's PutExit.
-inline void EncodeExit(const DumpExit& e, bool guest_data, char* dst) noexcept {
-  std::memcpy(dst, &e, kExitRecordSize);
+// `e` as the file stores it: without its value when the dump holds no guest data.
+inline DumpExit ForFile(const DumpExit& e, bool guest_data) noexcept {
+  DumpExit f = e;
   if (!guest_data) {
-    std::memset(dst + offsetof(DumpExit, value), 0, sizeof e.value);
-    dst[offsetof(DumpExit, flags)] = static_cast<char>(e.flags & ~kExitFlagValue);
+    f.value = 0;
+    f.flags = static_cast<uint8_t>(f.flags & ~kExitFlagValue);
   }
+  return f;
 }
 
 // A dump file being written: a new temporary file beside `path` (O_EXCL, never through a
@@ -89,30 +83,35 @@ class DumpFile {
   int fd_ = -1;
 };
 
-// The exits section on its way to a DumpFile: Add encodes each record into a block that stays
-// in cache, and each full block is checksummed there and handed to a writer thread that
-// pwrites it at the next offset while the next block is filled (two blocks: the copy into the
-// page cache, half of a dump's cost, runs beside the ring reading; no copy of the dump in
-// memory, no fresh pages but the page cache's). Without a thread (std::thread failed), blocks
-// are written inline. The first 8 bytes of the section (the count) are known last: Finish
-// writes them and combines the CRCs.
+// The exits section on its way to a DumpFile: Add codes each record (exit_codec.h) into a
+// block that stays in cache, and each full block is checksummed there and handed to a writer
+// thread that pwrites it at the next offset while the next block is filled (two blocks: the
+// copy into the page cache runs beside the ring reading; no copy of the dump in memory, no
+// fresh pages but the page cache's). Without a thread (std::thread failed), blocks are
+// written inline. The first 8 bytes of the section (the count) are known last: Finish writes
+// them and combines the CRCs.
 class ExitStream {
  public:
-  static constexpr size_t kBlockRecords = 2048;  // 120 KiB: in L2 while checksummed
+  static constexpr size_t kBlockBytes = 128 * 1024;  // in L2 while checksummed
 
   ExitStream(DumpFile* file, uint64_t section_offset, bool guest);
   ~ExitStream();  // waits for the writer thread
   ExitStream(const ExitStream&) = delete;
   ExitStream& operator=(const ExitStream&) = delete;
 
+  // Before the first record of each vCPU (records are coded against the vCPU's previous one).
+  void NextVcpu() noexcept { enc_.NextVcpu(); }
   void Add(const DumpExit& e) noexcept {
-    EncodeExit(e, guest_, block_.get() + in_block_ * kExitRecordSize);
-    if (++in_block_ == kBlockRecords) Flush();
+    if (in_block_ > kBlockBytes - kMaxCodedExit) Flush();
+    in_block_ =
+        static_cast<size_t>(enc_.Put(ForFile(e, guest_), block_.get() + in_block_) - block_.get());
+    ++records_;
   }
-  // Writes what is left and the count; the section's CRC goes to *crc. The first write
-  // error, if any, is returned here (records after it are dropped).
-  Status Finish(uint32_t* crc);
-  uint64_t records() const noexcept { return records_ + in_block_; }
+  // Writes what is left and the count; the section's CRC goes to *crc and its size (count
+  // included) to *bytes. The first write error, if any, is returned here (records after it
+  // are dropped).
+  Status Finish(uint32_t* crc, uint64_t* bytes);
+  uint64_t records() const noexcept { return records_; }
 
  private:
   void Flush() noexcept;
@@ -121,10 +120,12 @@ class ExitStream {
   DumpFile* file_;
   uint64_t section_offset_;
   bool guest_;
+  ExitEncoder enc_;
   std::unique_ptr<char[]> block_, spare_;
-  size_t in_block_ = 0;
-  uint64_t records_ = 0;  // flushed
-  uint32_t crc_ = 0;      // of the flushed records
+  size_t in_block_ = 0;   // bytes
+  uint64_t records_ = 0;  // added
+  uint64_t flushed_ = 0;  // bytes flushed
+  uint32_t crc_ = 0;      // of the flushed bytes
 
   std::mutex mu_;  // the hand-off to the writer thread
   std::condition_variable cv_;

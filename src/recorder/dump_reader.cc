@@ -14,6 +14,7 @@
 
 #include "exitscope/dump.h"
 #include "recorder/dump_format.h"
+#include "recorder/exit_codec.h"
 #include "recorder/file_read.h"
 #include "recorder/text.h"
 
@@ -115,8 +116,21 @@ struct ReadIssues {
   }
 };
 
-// Reads one exit record. Only a short read fails it; an unknown kind is kept as its raw
-// value (shown as "kind#N") and an unknown direction becomes kNone, both counted in `issues`.
+// An unknown kind is kept as its raw value (shown as "kind#N"); an unknown direction becomes
+// kNone; both are counted in `issues`.
+void CheckRaw(DumpExit* e, ReadIssues* issues) {
+  const uint8_t kind = static_cast<uint8_t>(e->kind);
+  const uint8_t dir = static_cast<uint8_t>(e->dir);
+  if (kind >= kExitKindCount) issues->Kind(kind);
+  if (dir > 2) {
+    issues->Dir(dir);
+    e->dir = AccessDir::kNone;
+  }
+}
+
+// Reads one exit record (versions 1 and 2: fixed size). Only a short read fails it; an unknown kind
+// is kept as its raw value (shown as "kind#N") and an unknown direction becomes kNone, both counted
+// in `issues`.
 bool ReadExit(Reader& r, uint32_t version, DumpExit* e, ReadIssues* issues) {
   e->start_ns = r.U64();
   e->duration_ns = r.U64();
@@ -133,14 +147,9 @@ bool ReadExit(Reader& r, uint32_t version, DumpExit* e, ReadIssues* issues) {
   e->flags = r.U8();
   e->map = version >= 2 ? r.U32() : kNoRegister;  // version 1: named from the ranges
   if (!r.ok()) return false;
-  if (kind >= kExitKindCount) issues->Kind(kind);
   e->kind = static_cast<ExitKind>(kind);
-  if (dir > 2) {
-    issues->Dir(dir);
-    e->dir = AccessDir::kNone;
-  } else {
-    e->dir = static_cast<AccessDir>(dir);
-  }
+  e->dir = static_cast<AccessDir>(dir);
+  CheckRaw(e, issues);
   return true;
 }
 
@@ -413,9 +422,17 @@ Result<Dump> ParseDump(std::string_view bytes, std::string_view origin) {
     Reader v(sections[kVcpus], "vcpus", section_base[kVcpus], origin);
     Reader x(sections[kExits], "exits", section_base[kExits], origin);
     const uint64_t total = x.U64();
-    if (!x.Count(total, version >= 2 ? kExitRecordSize : kExitRecordSizeV1, "exit")) {
-      return x.Fail();
-    }
+    const uint64_t min_record = version >= 3   ? kMinCodedExit
+                                : version == 2 ? kExitRecordSize
+                                               : kExitRecordSizeV1;
+    if (!x.Count(total, min_record, "exit")) return x.Fail();
+    // Version 3: coded records (exit_codec.h), read straight from the section's bytes.
+    const std::string_view xs = sections[kExits];
+    const char* xp = xs.data() + 8;
+    const char* const xend = xs.data() + xs.size();
+    ExitDecoder dec;
+    bool coded_ok = true;
+    uint64_t decoded = 0;  // records decoded before a bad one
     const uint32_t n = v.U32();
     uint64_t consumed = 0;
     if (v.Count(n, 45, "vcpu")) {
@@ -466,17 +483,43 @@ Result<Dump> ParseDump(std::string_view bytes, std::string_view origin) {
         }
         consumed += count;
         c.exits.reserve(count);
-        for (uint64_t k = 0; k < count && x.ok(); ++k) {
-          DumpExit e;
-          if (!ReadExit(x, version, &e, &issues)) break;
-          check_exit(e, c.vcpu);
-          c.exits.push_back(e);
+        if (version >= 3) {
+          dec.NextVcpu();
+          for (uint64_t k = 0; k < count; ++k) {
+            DumpExit& e = c.exits.emplace_back();
+            if (!dec.Get(&xp, xend, c.vcpu, &e)) {
+              coded_ok = false;
+              break;
+            }
+            ++decoded;
+            CheckRaw(&e, &issues);
+            check_exit(e, c.vcpu);
+          }
+          if (!coded_ok) break;
+        } else {
+          for (uint64_t k = 0; k < count && x.ok(); ++k) {
+            DumpExit e;
+            if (!ReadExit(x, version, &e, &issues)) break;
+            check_exit(e, c.vcpu);
+            c.exits.push_back(e);
+          }
         }
         d.vcpus.push_back(std::move(c));
       }
     }
     if (!v.ok()) return v.Fail();
     if (!x.ok()) return x.Fail();
+    if (!coded_ok) {
+      return corrupt("section 'exits' is corrupt at offset " +
+                     std::to_string(section_base[kExits] + static_cast<uint64_t>(xp - xs.data())) +
+                     ": exit record " + std::to_string(decoded) + ": " + dec.why());
+    }
+    if (version >= 3 && xp != xend) {
+      return corrupt("section 'exits' has " + std::to_string(xend - xp) +
+                     " bytes after its last exit record (offset " +
+                     std::to_string(section_base[kExits] + static_cast<uint64_t>(xp - xs.data())) +
+                     ")");
+    }
     if (consumed != total) {
       return corrupt("section 'exits' holds " + std::to_string(total) +
                      " exits but the vCPUs account for " + std::to_string(consumed));

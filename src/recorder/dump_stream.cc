@@ -1,16 +1,17 @@
 // Recorder::WriteDump: a dump written straight from the rings to the file (what WriteDump,
 // es_write_dump and the dump signal use), without the in-memory Dump's exits or a string of
-// the whole file: ring chunk (in cache) -> 60-byte file records in a block (in cache) -> CRC
-// -> pwrite. About 124 bytes of memory traffic per record (64 read from the ring, 60 written
-// to the page cache) instead of ~300, and no fresh pages but the file's.
+// the whole file: ring chunk (in cache) -> coded file records in a block (in cache;
+// exit_codec.h, a few bytes each instead of 60) -> CRC -> pwrite. About 64 bytes of memory
+// traffic per record read from the ring and 5-15 written to the page cache, and no fresh pages
+// but the file's.
 //
-// The file is that of SerializeDump (docs/dump-format.md: sections back to back in id order),
-// so everything before the exits section must have its final size before the first record is
-// written. Everything but the exits is therefore read first: metadata, address space, device
-// events, findings, attributes, named counters, and each vCPU's in-progress exit together
-// with its ring head h0. Numbers whose value is known only at the end (ring counters, exit
-// counts, recorder counters) have fixed widths: those sections are serialised again at the end
-// and written over their placeholders with the same layout.
+// The file is that of SerializeDump (docs/dump-format.md: the other sections back to back in id
+// order, then the exits), so every section but the exits must have its final size before the
+// first record is written. Everything but the exits is therefore read first: metadata, address
+// space, device events, findings, attributes, named counters, and each vCPU's in-progress exit
+// together with its ring head h0. Numbers whose value is known only at the end (ring counters,
+// exit counts, recorder counters) have fixed widths: those sections are serialised again at the
+// end and written over their placeholders with the same layout.
 //
 // The in-progress exit E of a vCPU is read (after its ring head h0) before its ring is copied
 // at head h1: first for all vCPUs (the layout), then again for each just before its copy (kept
@@ -92,6 +93,7 @@ Status Recorder::WriteDump(const std::string& path, const DumpOptions& options) 
       }
       uint64_t head = ring.written();
       if (start != 0) head = ring.FindStart(from, head, start);
+      exits.NextVcpu();
       const ExitRing::SnapshotStats st =
           ring.SnapshotChunkedUpTo(head, options.max_exits_per_vcpu, chunk.get(), kChunk,
                                    [&](const ExitRecord* recs, size_t n) {
@@ -111,12 +113,14 @@ Status Recorder::WriteDump(const std::string& path, const DumpOptions& options) 
 
     DumpSections fin;
     if (d.maps.size() == maps_known) internal::BuildSections(d, options, counts.data(), &fin);
-    for (uint32_t id = 1; id <= kExits && !fallback; ++id) {
+    for (uint32_t id = 1; id <= kSectionCount && !fallback; ++id) {
       fallback = d.maps.size() != maps_known || fin.offset[id] != layout.offset[id];
     }
     if (!fallback) {
       uint32_t crc[kSectionCount + 1] = {};
-      EXITSCOPE_RETURN_IF_ERROR(exits.Finish(&crc[kExits]));
+      uint64_t bytes = 0;
+      EXITSCOPE_RETURN_IF_ERROR(exits.Finish(&crc[kExits], &bytes));
+      internal::SetExitsSize(&fin, bytes);
       for (uint32_t id = 1; id <= kSectionCount; ++id) {
         if (id == kExits) continue;
         crc[id] = internal::Crc32Of(fin.bytes[id]);

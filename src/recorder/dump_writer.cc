@@ -14,14 +14,11 @@
 #include <unordered_map>
 #include <utility>
 
-#if defined(__x86_64__)
-#include <emmintrin.h>
-#endif
-
 #include "exitscope/dump.h"
 #include "recorder/crc32.h"
 #include "recorder/dump_file.h"
 #include "recorder/dump_format.h"
+#include "recorder/exit_codec.h"
 
 namespace exitscope {
 
@@ -88,29 +85,6 @@ void PutExit(Writer& w, const DumpExit& e, bool guest_data) {
   w.U8(static_cast<uint8_t>(e.dir));
   w.U8(guest_data ? e.flags : static_cast<uint8_t>(e.flags & ~kExitFlagValue));
   w.U32(e.map);  // since version 2
-}
-
-// memcpy for big outputs: 16-byte non-temporal stores where aligned (SSE2, part of x86-64),
-// plain copies for the edges. StreamFence() orders them before anything that follows.
-void StreamCopy(char* dst, const char* src, size_t n) {
-#if defined(__x86_64__)
-  const size_t head =
-      std::min(n, static_cast<size_t>((16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16));
-  std::memcpy(dst, src, head);
-  dst += head;
-  src += head;
-  n -= head;
-  for (; n >= 16; n -= 16, dst += 16, src += 16) {
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst),
-                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
-  }
-#endif
-  std::memcpy(dst, src, n);
-}
-void StreamFence() {
-#if defined(__x86_64__)
-  _mm_sfence();
-#endif
 }
 
 void PutLe(char* p, uint64_t v, int n) {
@@ -288,16 +262,24 @@ void BuildSections(const Dump& d, const DumpOptions& opts, const uint64_t* exit_
   }
   sec[kStrings].buf() = strings.data();
 
-  // Layout: header, section table, sections in id order.
+  // Layout: header, section table, the other sections in id order, then the exits (their
+  // size, known once they are coded, is set by SetExitsSize).
   out->total_exits = total;
   uint64_t file_size = kHeaderSize + kSectionCount * kSectionEntrySize;
   for (uint32_t id = 1; id <= kSectionCount; ++id) {
-    out->bytes[id] = id == kExits ? std::string() : std::move(sec[id].buf());
-    out->size[id] = id == kExits ? 8 + total * kExitRecordSize : out->bytes[id].size();
+    if (id == kExits) continue;
+    out->bytes[id] = std::move(sec[id].buf());
+    out->size[id] = out->bytes[id].size();
     out->offset[id] = file_size;
     file_size += out->size[id];
   }
-  out->file_size = file_size;
+  out->offset[kExits] = file_size;
+  SetExitsSize(out, 0);
+}
+
+void SetExitsSize(DumpSections* s, uint64_t bytes) {
+  s->size[kExits] = bytes;
+  s->file_size = s->offset[kExits] + bytes;
 }
 
 std::string HeaderAndTable(const DumpSections& s, const uint32_t (&crc)[kSectionCount + 1]) {
@@ -331,13 +313,33 @@ namespace {
 void SerializeInto(const Dump& d, const DumpOptions& opts, std::string* out, bool headroom) {
   DumpSections s;
   BuildSections(d, opts, nullptr, &s);
-  const bool guest = s.guest;
-  const uint64_t total = s.total_exits;
+  // The exits section first (its size decides the file's), coded a block at a time into a
+  // buffer that grows by doubling: 8-byte total, then each vCPU's records.
+  std::string x;
+  x.reserve(8 + s.total_exits * 8);
+  x.resize(8);
+  PutLe(x.data(), s.total_exits, 8);
+  {
+    ExitEncoder enc;
+    constexpr size_t kBlock = 64 * 1024;
+    char block[kBlock];
+    size_t used = 0;
+    for (const DumpVcpu& v : d.vcpus) {
+      enc.NextVcpu();
+      for (const DumpExit& e : v.exits) {
+        if (used > kBlock - kMaxCodedExit) {
+          x.append(block, used);
+          used = 0;
+        }
+        used = static_cast<size_t>(enc.Put(ForFile(e, s.guest), block + used) - block);
+      }
+    }
+    x.append(block, used);
+  }
+  SetExitsSize(&s, x.size());
   const uint64_t file_size = s.file_size;
   uint32_t crc[kSectionCount + 1] = {};
-  // One allocation of the file's size, written once: the small sections are copied in; the
-  // exits section (nearly all of a big dump) is encoded in place, its CRC folded a block at a
-  // time while the block is in cache.
+  // One allocation of the file's size, written once.
   // Growing: nothing to keep (and libstdc++ 12 would copy the old bytes). The operation is
   // told the new size, but libstdc++ 12 may pass a larger one (its growth policy leaks into n),
   // so it returns file_size, not n.
@@ -347,36 +349,10 @@ void SerializeInto(const Dump& d, const DumpOptions& opts, std::string* out, boo
   }
   out->resize_and_overwrite(file_size, [&](char* p, size_t) {
     for (uint32_t id = 1; id <= kSectionCount; ++id) {
-      if (id == kExits) continue;
-      const std::string& b = s.bytes[id];
+      const std::string& b = id == kExits ? x : s.bytes[id];
       if (!b.empty()) std::memcpy(p + s.offset[id], b.data(), b.size());
       crc[id] = Crc32Of(b);
     }
-    char* x = p + s.offset[kExits];
-    PutLe(x, total, 8);
-    uint32_t c = Crc32Extend(0, x, 8);
-    // Records are encoded into a block that stays in L1, checksummed there, then streamed
-    // to the output with non-temporal stores (no read of the destination lines first).
-    constexpr size_t kBlockRecords = 256;  // 15 KiB
-    alignas(64) char block[kBlockRecords * kExitRecordSize];
-    char* q = x + 8;
-    size_t in_block = 0;
-    auto flush = [&] {
-      const size_t bytes = in_block * kExitRecordSize;
-      c = Crc32Extend(c, block, bytes);
-      StreamCopy(q, block, bytes);
-      q += bytes;
-      in_block = 0;
-    };
-    for (const DumpVcpu& v : d.vcpus) {
-      for (const DumpExit& e : v.exits) {
-        EncodeExit(e, guest, block + in_block * kExitRecordSize);
-        if (++in_block == kBlockRecords) flush();
-      }
-    }
-    flush();
-    StreamFence();
-    crc[kExits] = c;
     const std::string head = HeaderAndTable(s, crc);
     std::memcpy(p, head.data(), head.size());
     return static_cast<size_t>(file_size);
@@ -472,8 +448,8 @@ ExitStream::ExitStream(DumpFile* file, uint64_t section_offset, bool guest)
     : file_(file),
       section_offset_(section_offset),
       guest_(guest),
-      block_(new char[kBlockRecords * kExitRecordSize]),
-      spare_(new char[kBlockRecords * kExitRecordSize]) {
+      block_(new char[kBlockBytes]),
+      spare_(new char[kBlockBytes]) {
   try {
     writer_ = std::thread(&ExitStream::WriterLoop, this);
   } catch (const std::system_error&) {
@@ -514,9 +490,9 @@ void ExitStream::StopWriter() noexcept {
 }
 
 void ExitStream::Flush() noexcept {
-  const size_t bytes = in_block_ * kExitRecordSize;
-  const uint64_t offset = section_offset_ + 8 + records_ * kExitRecordSize;
-  records_ += in_block_;
+  const size_t bytes = in_block_;
+  const uint64_t offset = section_offset_ + 8 + flushed_;
+  flushed_ += bytes;
   in_block_ = 0;
   if (bytes == 0) return;
   crc_ = Crc32Extend(crc_, block_.get(), bytes);
@@ -536,13 +512,14 @@ void ExitStream::Flush() noexcept {
   std::swap(block_, spare_);
 }
 
-Status ExitStream::Finish(uint32_t* crc) {
+Status ExitStream::Finish(uint32_t* crc, uint64_t* bytes) {
   Flush();
   StopWriter();  // after the last block's pwrite
   if (!status_) return status_;
   char count[8];
   PutLe(count, records_, 8);
-  *crc = Crc32Combine(Crc32Extend(0, count, 8), crc_, records_ * kExitRecordSize);
+  *crc = Crc32Combine(Crc32Extend(0, count, 8), crc_, flushed_);
+  *bytes = 8 + flushed_;
   return file_->WriteAt(count, 8, section_offset_);
 }
 
@@ -552,9 +529,12 @@ Status WriteSections(const Dump& d, const DumpOptions& opts, DumpFile* f) {
   uint32_t crc[kSectionCount + 1] = {};
   ExitStream exits(f, s.offset[kExits], s.guest);
   for (const DumpVcpu& v : d.vcpus) {
+    exits.NextVcpu();
     for (const DumpExit& e : v.exits) exits.Add(e);
   }
-  EXITSCOPE_RETURN_IF_ERROR(exits.Finish(&crc[kExits]));
+  uint64_t bytes = 0;
+  EXITSCOPE_RETURN_IF_ERROR(exits.Finish(&crc[kExits], &bytes));
+  SetExitsSize(&s, bytes);
   for (uint32_t id = 1; id <= kSectionCount; ++id) {
     if (id == kExits) continue;
     crc[id] = Crc32Of(s.bytes[id]);

@@ -1,19 +1,27 @@
 // recorder/exit_codec.h: the exit records of a version-3 dump (docs/dump-format.md, "Exit
-// records"): each record is coded against the one before it on the same vCPU, so a run of
-// exits at one register costs a tag byte and two small numbers (start and duration deltas)
-// instead of 60 bytes. Shared by the writer (dump_writer.cc, dump_stream.cc) and the reader
-// (dump_reader.cc). Not public API.
+// records"). A vCPU's exits repeat a few accesses (a doorbell, a status register, a port), so
+// each record names its access as one of the vCPU's last 8 distinct ones, or codes it against
+// the last one, and its start against the previous record's: a tag byte and two small
+// numbers, instead of 60 bytes. Shared by the writer (dump_writer.cc, dump_stream.cc) and the
+// reader (dump_reader.cc). Not public API.
 //
-// Record: u8 tag, varint zigzag(start_ns - previous start_ns), varint duration_ns, then
-//   [tag & kTagAddr]  varint zigzag(addr - previous addr)
-//   [tag & kTagValue] varint value
+// The access of an exit: addr, device, reg, reg_element, reg_delta, map, kind, size,
+// direction, flags (everything but start, duration, value and vCPU). Each vCPU keeps a history
+// of 8 accesses, most recent first, all initially that of DumpExit{} (addr 0, no device,
+// register or map, kind 0, size 0, direction none, flags 0). Record:
+//   u8 tag: bits 0-3 the fields below, bits 4-6 a position P in the history, bit 7 reserved (0)
+//   varint zigzag(start_ns - previous record's start_ns), varint duration_ns, then
+//   [tag & kTagAddr]  varint zigzag(addr - A.addr)
+//   [tag & kTagValue] varint value                          (absent: 0)
 //   [tag & kTagWhere] varint device + 1, varint reg + 1, varint reg_element, varint reg_delta,
 //                     varint map + 1   (u32 arithmetic: 0xffffffff, "none", is coded 0)
 //   [tag & kTagShape] u8 kind, u8 size, u8 direction, u8 flags
-// A bit that is clear means "as the previous record" (value: 0). Differences wrap modulo 2^64.
-// The first record of each vCPU is coded against DumpExit{} (start 0, addr 0, no device,
-// register or map, kind 0, size 0, direction none, flags 0). Varints are LEB128: 7 bits a
-// byte, low first, at most 10 bytes; a u32 field's varint must be below 2^32.
+// where A is the access at position P, and a field that is absent is A's. If the tag has none
+// of kTagAddr, kTagWhere, kTagShape, the access is A and moves to the front of the history;
+// else the access (A with those fields replaced) takes the place of the history's last one,
+// at the front. Differences wrap modulo 2^64 (the first record's start is coded against 0).
+// Varints are LEB128: 7 bits a byte, low first, at most 10 bytes; a u32 field's varint must be
+// below 2^32.
 #pragma once
 
 #include <cstddef>
@@ -28,12 +36,78 @@ enum ExitTag : uint8_t {
   kTagValue = 1u << 1,
   kTagWhere = 1u << 2,
   kTagShape = 1u << 3,
-  kTagKnown = 0x0f,  // other bits are reserved: a reader refuses them
+  kTagAccess = kTagAddr | kTagWhere | kTagShape,  // a new access
+  kTagPosShift = 4,                               // bits 4-6: the history position
+  kTagReserved = 0x80,                            // a reader refuses it
 };
 // The longest record: tag, 4 u64 varints, 5 u32 varints, 4 bytes.
 constexpr size_t kMaxCodedExit = 1 + 4 * 10 + 5 * 5 + 4;
 // The shortest: tag and two one-byte varints.
 constexpr size_t kMinCodedExit = 3;
+
+// The access of an exit, and a vCPU's 8 most recent distinct ones.
+struct ExitAccess {
+  uint64_t addr = 0;
+  uint32_t device = kUnassigned, reg = kNoRegister, reg_element = 0, reg_delta = 0;
+  uint32_t map = kNoRegister;
+  uint8_t kind = 0, size = 0, dir = 0, flags = 0;
+
+  static ExitAccess Of(const DumpExit& e) noexcept {
+    ExitAccess a;
+    a.addr = e.addr;
+    a.device = e.device;
+    a.reg = e.reg;
+    a.reg_element = e.reg_element;
+    a.reg_delta = e.reg_delta;
+    a.map = e.map;
+    a.kind = static_cast<uint8_t>(e.kind);
+    a.size = e.size;
+    a.dir = static_cast<uint8_t>(e.dir);
+    a.flags = e.flags;
+    return a;
+  }
+  bool SameWhere(const ExitAccess& o) const noexcept {
+    return device == o.device && reg == o.reg && reg_element == o.reg_element &&
+           reg_delta == o.reg_delta && map == o.map;
+  }
+  bool SameShape(const ExitAccess& o) const noexcept {
+    return kind == o.kind && size == o.size && dir == o.dir && flags == o.flags;
+  }
+  bool operator==(const ExitAccess& o) const noexcept {
+    return addr == o.addr && SameWhere(o) && SameShape(o);
+  }
+};
+static_assert(sizeof(ExitAccess) == 32);
+
+class AccessHistory {
+ public:
+  static constexpr int kSize = 8;
+  // The position of `a`, or -1.
+  int Find(const ExitAccess& a) const noexcept {
+    for (int p = 0; p < kSize; ++p) {
+      if (at(p) == a) return p;
+    }
+    return -1;
+  }
+  const ExitAccess& at(int pos) const noexcept { return slot_[Id(pos)]; }
+  // The access at `pos` becomes the most recent.
+  void Touch(int pos) noexcept {
+    const uint64_t id = Id(pos);
+    const uint64_t below = pos == 0 ? 0 : order_ & (~0ull >> (64 - 8 * pos));
+    const uint64_t above = pos == kSize - 1 ? 0 : order_ & (~0ull << (8 * (pos + 1)));
+    order_ = above | (below << 8) | id;
+  }
+  // `a` replaces the least recent access and becomes the most recent.
+  void Insert(const ExitAccess& a) noexcept {
+    slot_[Id(kSize - 1)] = a;
+    Touch(kSize - 1);
+  }
+
+ private:
+  unsigned Id(int pos) const noexcept { return (order_ >> (8 * pos)) & 0xff; }
+  ExitAccess slot_[kSize];
+  uint64_t order_ = 0x0706050403020100ull;  // byte p: the slot at position p
+};
 
 inline char* PutVarint(char* p, uint64_t v) noexcept {
   while (v >= 0x80) {
@@ -54,70 +128,84 @@ inline uint64_t Unzigzag(uint64_t z) noexcept {
 // dump holds no guest data (value 0, kExitFlagValue clear): the codec stores what it is given.
 class ExitEncoder {
  public:
-  void NextVcpu() noexcept { prev_ = DumpExit{}; }
+  void NextVcpu() noexcept {
+    start_ = 0;
+    hist_ = AccessHistory();
+  }
   // Writes at most kMaxCodedExit bytes at `p`; returns the end.
   char* Put(const DumpExit& e, char* p) noexcept {
     char* tag = p++;
     uint8_t t = 0;
-    p = PutVarint(p, Zigzag(e.start_ns - prev_.start_ns));
+    p = PutVarint(p, Zigzag(e.start_ns - start_));
+    start_ = e.start_ns;
     p = PutVarint(p, e.duration_ns);
-    if (e.addr != prev_.addr) {
+    const ExitAccess a = ExitAccess::Of(e);
+    const int pos = hist_.Find(a);
+    const ExitAccess& base = hist_.at(0);
+    if (pos < 0 && a.addr != base.addr) {
       t |= kTagAddr;
-      p = PutVarint(p, Zigzag(e.addr - prev_.addr));
+      p = PutVarint(p, Zigzag(a.addr - base.addr));
     }
     if (e.value != 0) {
       t |= kTagValue;
       p = PutVarint(p, e.value);
     }
-    if (e.device != prev_.device || e.reg != prev_.reg || e.reg_element != prev_.reg_element ||
-        e.reg_delta != prev_.reg_delta || e.map != prev_.map) {
+    if (pos < 0 && !a.SameWhere(base)) {
       t |= kTagWhere;
-      p = PutVarint(p, static_cast<uint32_t>(e.device + 1));
-      p = PutVarint(p, static_cast<uint32_t>(e.reg + 1));
-      p = PutVarint(p, e.reg_element);
-      p = PutVarint(p, e.reg_delta);
-      p = PutVarint(p, static_cast<uint32_t>(e.map + 1));
+      p = PutVarint(p, static_cast<uint32_t>(a.device + 1));
+      p = PutVarint(p, static_cast<uint32_t>(a.reg + 1));
+      p = PutVarint(p, a.reg_element);
+      p = PutVarint(p, a.reg_delta);
+      p = PutVarint(p, static_cast<uint32_t>(a.map + 1));
     }
-    if (e.kind != prev_.kind || e.size != prev_.size || e.dir != prev_.dir ||
-        e.flags != prev_.flags) {
+    if (pos < 0 && !a.SameShape(base)) {
       t |= kTagShape;
-      *p++ = static_cast<char>(e.kind);
-      *p++ = static_cast<char>(e.size);
-      *p++ = static_cast<char>(e.dir);
-      *p++ = static_cast<char>(e.flags);
+      *p++ = static_cast<char>(a.kind);
+      *p++ = static_cast<char>(a.size);
+      *p++ = static_cast<char>(a.dir);
+      *p++ = static_cast<char>(a.flags);
+    }
+    if (pos < 0) {
+      hist_.Insert(a);  // position 0 in the tag
+    } else {
+      t |= static_cast<uint8_t>(pos << kTagPosShift);
+      hist_.Touch(pos);
     }
     *tag = static_cast<char>(t);
-    prev_ = e;
     return p;
   }
 
  private:
-  DumpExit prev_;
+  uint64_t start_ = 0;
+  AccessHistory hist_;
 };
 
 // Decodes one vCPU's records from [p, end). Get returns false, with a reason in why(), on a
-// record that runs past the end, a varint of more than 64 bits, a u32 field of 2^32 or more, or a
-// reserved tag bit; *p then points at the record's first byte. Raw kind and direction values
-// are stored as they are (the caller checks them).
+// record that runs past the end, a varint of more than 64 bits, a u32 field of 2^32 or more,
+// or the reserved tag bit; *p then points at the record's first byte. Raw kind and direction
+// values are stored as they are (the caller checks them).
 class ExitDecoder {
  public:
-  void NextVcpu() noexcept { prev_ = DumpExit{}; }
+  void NextVcpu() noexcept {
+    start_ = 0;
+    hist_ = AccessHistory();
+  }
   bool Get(const char** p, const char* end, uint32_t vcpu, DumpExit* e) noexcept {
     const char* q = *p;
     if (q == end) return Bad("the record's tag is past the end");
     const uint8_t t = static_cast<uint8_t>(*q++);
-    if ((t & ~kTagKnown) != 0) return Bad("tag has reserved bits set");
-    DumpExit x = prev_;
-    uint64_t v;
+    if ((t & kTagReserved) != 0) return Bad("tag has the reserved bit set");
+    const int pos = (t >> kTagPosShift) & 7;
+    uint64_t v, start, duration, value = 0;
     if (!Varint(&q, end, &v)) return false;
-    x.start_ns = prev_.start_ns + Unzigzag(v);
-    if (!Varint(&q, end, &x.duration_ns)) return false;
+    start = start_ + Unzigzag(v);
+    if (!Varint(&q, end, &duration)) return false;
+    ExitAccess a = hist_.at(pos);
     if ((t & kTagAddr) != 0) {
       if (!Varint(&q, end, &v)) return false;
-      x.addr = prev_.addr + Unzigzag(v);
+      a.addr += Unzigzag(v);
     }
-    x.value = 0;
-    if ((t & kTagValue) != 0 && !Varint(&q, end, &x.value)) return false;
+    if ((t & kTagValue) != 0 && !Varint(&q, end, &value)) return false;
     if ((t & kTagWhere) != 0) {
       uint32_t w[5];
       for (uint32_t& f : w) {
@@ -125,23 +213,40 @@ class ExitDecoder {
         if (v > 0xffffffffu) return Bad("a device or register field is 2^32 or more");
         f = static_cast<uint32_t>(v);
       }
-      x.device = w[0] - 1;
-      x.reg = w[1] - 1;
-      x.reg_element = w[2];
-      x.reg_delta = w[3];
-      x.map = w[4] - 1;
+      a.device = w[0] - 1;
+      a.reg = w[1] - 1;
+      a.reg_element = w[2];
+      a.reg_delta = w[3];
+      a.map = w[4] - 1;
     }
     if ((t & kTagShape) != 0) {
       if (end - q < 4) return Bad("the record's kind, size, direction and flags are past the end");
-      x.kind = static_cast<ExitKind>(static_cast<uint8_t>(q[0]));
-      x.size = static_cast<uint8_t>(q[1]);
-      x.dir = static_cast<AccessDir>(static_cast<uint8_t>(q[2]));
-      x.flags = static_cast<uint8_t>(q[3]);
+      a.kind = static_cast<uint8_t>(q[0]);
+      a.size = static_cast<uint8_t>(q[1]);
+      a.dir = static_cast<uint8_t>(q[2]);
+      a.flags = static_cast<uint8_t>(q[3]);
       q += 4;
     }
-    x.vcpu = vcpu;
-    prev_ = x;
-    *e = x;
+    if ((t & kTagAccess) != 0) {
+      hist_.Insert(a);
+    } else {
+      hist_.Touch(pos);
+    }
+    start_ = start;
+    e->start_ns = start;
+    e->duration_ns = duration;
+    e->addr = a.addr;
+    e->value = value;
+    e->vcpu = vcpu;
+    e->device = a.device;
+    e->reg = a.reg;
+    e->reg_element = a.reg_element;
+    e->reg_delta = a.reg_delta;
+    e->kind = static_cast<ExitKind>(a.kind);
+    e->size = a.size;
+    e->dir = static_cast<AccessDir>(a.dir);
+    e->flags = a.flags;
+    e->map = a.map;
     *p = q;
     return true;
   }
@@ -168,7 +273,8 @@ class ExitDecoder {
       }
     }
   }
-  DumpExit prev_;
+  uint64_t start_ = 0;
+  AccessHistory hist_;
   const char* why_ = "";
 };
 

@@ -42,11 +42,6 @@ using test::FreePort;
 using test::Ran;
 using test::ReadFile;
 
-// argv run as it is (argv[0] a path), its stdout and stderr apart.
-Ran RunCmd(const std::vector<std::string>& argv) {
-  return test::Run(argv);
-}
-
 // The kvm report JSON document in `text`: one line (kvm stat) or the whole text (kvm report).
 nlohmann::json ReportJson(const std::string& text) {
   const auto is_report = [](const nlohmann::json& j) {
@@ -109,18 +104,13 @@ class BpfKvmStatEnv : public ::testing::Test {
   virtual std::string Pairing() const { return "auto"; }  // --bpf-pairing of RunGuest
   void SetUp() override {
     if (::access(kBin.c_str(), X_OK) != 0) GTEST_SKIP() << kBin << " not built";
-    const int fd = ::open("/dev/kvm", O_RDWR | O_CLOEXEC);
-    if (fd < 0) {
-      GTEST_SKIP() << "/dev/kvm not available: " << std::strerror(errno)
-                   << " (these tests run real guests)";
-    }
-    ::close(fd);
+    SKIP_WITHOUT_KVM();  // these tests run real guests
     ::unsetenv("EXITSCOPE_TRACEFS");
     auto dir = FindTracefs();
     if (!dir) GTEST_SKIP() << "tracefs not usable: " << dir.error().message;
     tracefs_ = *dir;
     // Is BPF possible here? The command says so in one line when it is not.
-    Ran probe = RunCmd({kBin, "kvm", "stat", "--bpf", "--duration", "0.05", "--format", "json"});
+    Ran probe = test::Run({kBin, "kvm", "stat", "--bpf", "--duration", "0.05", "--format", "json"});
     if (probe.err.find("--bpf not possible here") != std::string::npos) {
       GTEST_SKIP() << probe.err;
     }
@@ -196,7 +186,7 @@ class BpfKvmStatEnv : public ::testing::Test {
       cmd.erase(vmm, cmd.end());
       cmd.insert(cmd.end(), {"/bin/sh", "-c", line + "; true"});
     }
-    Ran r = RunCmd(cmd);
+    Ran r = test::Run(cmd);
     if (r.err.find("the kvm-run pairing is not possible here") != std::string::npos) {
       skipped_ = r.err.substr(0, r.err.find('\n'));
       return s;
@@ -206,7 +196,7 @@ class BpfKvmStatEnv : public ::testing::Test {
     s.bpf = ReportJson(r.out);
     s.vmm = VmmOwn(r.err);
     EXPECT_GT(s.vmm.exits, 0u) << r.err;
-    Ran rep = RunCmd({kBin, "kvm", "report", "-i", dat, "--format", "json", "--event", event});
+    Ran rep = test::Run({kBin, "kvm", "report", "-i", dat, "--format", "json", "--event", event});
     EXPECT_EQ(rep.status, 0) << rep.err;
     s.tracefs = ReportJson(rep.out);
     EXPECT_FALSE(s.bpf.is_null()) << r.out;
@@ -305,8 +295,8 @@ TEST_P(BpfKvmStatTest, BlkPortsAndAddressesEqualTheVmmsAndTracefsCounts) {
 // --device-map), read from the maps; the series grow between scrapes.
 TEST_P(BpfKvmStatTest, MetricsEndpointServesTheGuestsRegistersDuringTheRun) {
   const std::string map = tmp_ + "/map.esdump";
-  Ran d = RunCmd({kBin, "run", "--guest", "mmio-storm", "--guest-arg", "10", "--vcpus", "1",
-                  "--dump", map, "--serial", tmp_ + "/serial.txt"});
+  Ran d = test::Run({kBin, "run", "--guest", "mmio-storm", "--guest-arg", "10", "--vcpus", "1",
+                     "--dump", map, "--serial", tmp_ + "/serial.txt"});
   ASSERT_EQ(d.status, 0) << d.err;
   const uint16_t port = FreePort();
   ASSERT_NE(port, 0);
@@ -393,9 +383,9 @@ TEST_P(BpfKvmStatTest, MetricsEndpointServesTheGuestsRegistersDuringTheRun) {
 // and the tracefs path's table comes out, with the VMM's own counts.
 TEST_P(BpfKvmStatTest, WithoutBtfItSaysSoInOneLineAndStreamsFromTracefs) {
   ::setenv("EXITSCOPE_KERNEL_BTF", "/nonexistent/vmlinux", 1);
-  Ran r = RunCmd({kBin, "kvm", "stat", "--bpf", "--event", "ioport", "--", kBin, "run", "--guest",
-                  "mmio-storm", "--guest-arg", "500", "--vcpus", "1", "--no-dump", "--serial",
-                  tmp_ + "/serial.txt"});
+  Ran r = test::Run({kBin, "kvm", "stat", "--bpf", "--event", "ioport", "--", kBin, "run",
+                     "--guest", "mmio-storm", "--guest-arg", "500", "--vcpus", "1", "--no-dump",
+                     "--serial", tmp_ + "/serial.txt"});
   ::unsetenv("EXITSCOPE_KERNEL_BTF");
   EXPECT_EQ(r.status, 0) << r.err;
   const std::string want =
@@ -427,8 +417,8 @@ TEST_P(BpfKvmStatTest, WithoutBtfItSaysSoInOneLineAndStreamsFromTracefs) {
 // fires: kvm_pvm loaded and neither kvm_intel nor kvm_amd (--bpf-stats names the pairing).
 using BpfKvmStatAuto = BpfKvmStatEnv;
 TEST_F(BpfKvmStatAuto, PicksKvmRunWhereKvmExitNeverFires) {
-  Ran r = RunCmd({kBin, "kvm", "stat", "--bpf", "--bpf-stats", "--", kBin, "run", "--guest",
-                  "hello", "--vcpus", "1", "--no-dump", "--serial", tmp_ + "/serial.txt"});
+  Ran r = test::Run({kBin, "kvm", "stat", "--bpf", "--bpf-stats", "--", kBin, "run", "--guest",
+                     "hello", "--vcpus", "1", "--no-dump", "--serial", tmp_ + "/serial.txt"});
   ASSERT_EQ(r.status, 0) << r.err;
   const auto loaded = [](const char* m) {
     return ::access((std::string("/sys/module/") + m).c_str(), F_OK) == 0;
@@ -455,12 +445,12 @@ TEST(BpfKvmStatCli, BadUsageGetsOneLine) {
         std::vector<std::string>{kBin, "kvm", "stat", "--bpf", "--format", "xml"},
         std::vector<std::string>{kBin, "kvm", "stat", "--bpf", "-p", "1", "--", "true"},
         std::vector<std::string>{kBin, "kvm", "stat", "--bpf", "--metrics", "nohost:x"}}) {
-    Ran r = RunCmd(args);
+    Ran r = test::Run(args);
     EXPECT_EQ(r.status, 2) << args.back() << ": " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
     EXPECT_EQ(r.err.rfind("exitscope kvm stat: ", 0), 0u) << r.err;
   }
-  Ran help = RunCmd({kBin, "help", "kvm", "stat"});
+  Ran help = test::Run({kBin, "help", "kvm", "stat"});
   EXPECT_EQ(help.status, 0) << help.err;
   EXPECT_NE(help.out.find("--bpf"), std::string::npos) << help.out;
 }

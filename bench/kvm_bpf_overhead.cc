@@ -4,6 +4,9 @@
 //   none        the guest alone (nothing attached to the kvm tracepoints)
 //   tracefs     `exitscope kvm live -p PID`: every kvm:* event streamed through tracefs ring
 //               buffers, drained every 10 ms and paired in userspace
+//   bpf-empty   the floor of bpf-run: a BPF program that only returns 0, attached (raw_tp,
+//               the dispatch tp_btf uses) to the same two tracepoints, kvm_fpu and
+//               kvm_userspace_exit, by this process: what running any program there costs
 //   bpf-run     `exitscope kvm stat --bpf --bpf-pairing kvm-run -p PID`: the kvm-run pairing
 //               (kvm_fpu + kvm_userspace_exit, the exit read from the vCPU's kvm_run; three
 //               program runs per exit), aggregated in the kernel; the maps read at the end
@@ -29,7 +32,9 @@
 //
 // Without /dev/kvm, or without the exitscope binary, it prints one SKIP line and exits 0.
 #include <fcntl.h>
+#include <linux/bpf.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -139,6 +144,48 @@ class Watcher {
   std::string path_, err_path_, stderr_;
 };
 
+// A program that returns 0, on raw tracepoints (bpf-empty). No libbpf: two instructions.
+class EmptyPrograms {
+ public:
+  ~EmptyPrograms() {
+    for (int fd : fds_) ::close(fd);
+  }
+  bool Attach(std::string* why) {
+    for (const char* tp : {"kvm_fpu", "kvm_userspace_exit"}) {
+      bpf_insn insns[2] = {};
+      insns[0].code = BPF_ALU64 | BPF_MOV | BPF_K;  // r0 = 0
+      insns[0].dst_reg = BPF_REG_0;
+      insns[1].code = BPF_JMP | BPF_EXIT;
+      static const char kLicense[] = "GPL";
+      bpf_attr load = {};
+      load.prog_type = BPF_PROG_TYPE_RAW_TRACEPOINT;
+      load.insns = reinterpret_cast<uint64_t>(insns);
+      load.insn_cnt = 2;
+      load.license = reinterpret_cast<uint64_t>(kLicense);
+      const int prog = static_cast<int>(::syscall(SYS_bpf, BPF_PROG_LOAD, &load, sizeof load));
+      if (prog < 0) {
+        *why = std::string("BPF_PROG_LOAD: ") + std::strerror(errno);
+        return false;
+      }
+      fds_.push_back(prog);
+      bpf_attr open = {};
+      open.raw_tracepoint.name = reinterpret_cast<uint64_t>(tp);
+      open.raw_tracepoint.prog_fd = static_cast<uint32_t>(prog);
+      const int link =
+          static_cast<int>(::syscall(SYS_bpf, BPF_RAW_TRACEPOINT_OPEN, &open, sizeof open));
+      if (link < 0) {
+        *why = std::string("BPF_RAW_TRACEPOINT_OPEN ") + tp + ": " + std::strerror(errno);
+        return false;
+      }
+      fds_.push_back(link);
+    }
+    return true;
+  }
+
+ private:
+  std::vector<int> fds_;
+};
+
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty()      ? 0
@@ -146,11 +193,13 @@ double Median(std::vector<double> v) {
                         : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
-enum Mode { kNone = 0, kTracefs, kBpfRun, kBpfRunIo, kBpfBtf, kBpfTp, kModes };
-const char* const kModeNames[] = {"none", "tracefs", "bpf-run", "bpf-run-io", "bpf-btf", "bpf-tp"};
+enum Mode { kNone = 0, kTracefs, kBpfEmpty, kBpfRun, kBpfRunIo, kBpfBtf, kBpfTp, kModes };
+const char* const kModeNames[] = {"none",       "tracefs", "bpf-empty", "bpf-run",
+                                  "bpf-run-io", "bpf-btf", "bpf-tp"};
 constexpr int kFirstBpf = kBpfRun;
 // kvm stat's options per BPF mode: the pairing, how it attaches, the table's event class.
 const char* const kBpfArgs[kModes][6] = {
+    {},
     {},
     {},
     {"--bpf-pairing", "kvm-run", "--bpf-attach", "tp_btf", "--event", "vmexit"},
@@ -220,6 +269,12 @@ int main(int argc, char** argv) {
       const Mode m = static_cast<Mode>((r + k) % kModes);
       const bool bpf_mode = m >= kFirstBpf;
       if (stats_round && !bpf_mode) continue;
+      EmptyPrograms empty;
+      std::string why;
+      if (m == kBpfEmpty && !empty.Attach(&why)) {
+        std::printf("bpf-empty: not measured (%s)\n", why.c_str());
+        return 1;
+      }
       Watcher w;
       std::vector<std::string> live = {kBin,       "kvm",  "live", "-p",   self,
                                        "--format", "json", "-d",   "3600", "--cumulative"};
@@ -239,7 +294,7 @@ int main(int argc, char** argv) {
       const RunResult g = Guest(iterations, vcpus);
       if (g.ns_per_exit < 0) return 1;
       std::string extra;
-      if (m != kNone) {
+      if (m != kNone && m != kBpfEmpty) {
         const nlohmann::json j = w.Stop();
         if (!j.is_object() || !j.contains("pairing")) {
           std::printf("%s: no report from the watcher\n", kModeNames[m]);
@@ -307,6 +362,10 @@ int main(int argc, char** argv) {
         attachment[m].c_str());
   }
   if (cost[kTracefs] > 0) {
+    std::printf(
+        "bpf-empty (the floor of bpf-run: any program on its tracepoints) cost / tracefs "
+        "cost %.3f; bpf-run beyond it +%.1f ns/exit\n",
+        cost[kBpfEmpty] / cost[kTracefs], cost[kBpfRun] - cost[kBpfEmpty]);
     for (int m = kFirstBpf; m < kModes; ++m) {
       std::printf("%s cost / tracefs cost %.3f\n", kModeNames[m], cost[m] / cost[kTracefs]);
     }

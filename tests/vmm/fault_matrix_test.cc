@@ -422,11 +422,14 @@ TEST_F(FaultMatrix, Sigusr1StormWhileTheGuestRuns) {
 // never a partial file, and it accounts for every record.
 TEST_F(FaultMatrix, SigkillWhileWritingADumpNeverLeavesAPartialFileUnderTheFinalName) {
   const fs::path path = dir / "vmm.esdump";
-  auto rec = FilledRecorder(4, 1 << 16);
+  // 1 M exits at 8 ports: ~3 MB (3 bytes an exit in dump version 3), a write long enough to
+  // be killed inside.
+  constexpr uint64_t kPerVcpu = 1 << 18;
+  auto rec = FilledRecorder(4, kPerVcpu);
   ASSERT_TRUE(rec);
   ASSERT_TRUE(rec->WriteDump(path.string()));
   const std::string first = ReadFile(path);
-  ASSERT_GT(first.size(), 1u << 20);
+  ASSERT_GT(first.size(), 2u << 20);
   std::mt19937 rng(12);
   int killed_mid_write = 0;
   for (int round = 0; round < 20; ++round) {
@@ -452,7 +455,7 @@ TEST_F(FaultMatrix, SigkillWhileWritingADumpNeverLeavesAPartialFileUnderTheFinal
     ASSERT_TRUE(d) << "round " << round << ": " << d.error().message;
     EXPECT_EQ(fs::file_size(path), first.size()) << "round " << round;
     ASSERT_EQ(d->vcpus.size(), 4u);
-    for (const DumpVcpu& v : d->vcpus) EXPECT_EQ(v.exits.size(), 1u << 16);
+    for (const DumpVcpu& v : d->vcpus) EXPECT_EQ(v.exits.size(), kPerVcpu);
     ExpectDumpAccountsForEveryRecord(*d);
   }
   EXPECT_EQ(FilesIn(dir), std::vector<std::string>{"vmm.esdump"});

@@ -1,4 +1,4 @@
-// kvm_bpf_overhead: what watching KVM exits from the kernel costs per exit, six ways, on the
+// kvm_bpf_overhead: what watching KVM exits from the kernel costs per exit, seven ways, on the
 // same exit-heavy guest in one run:
 //
 //   none        the guest alone (nothing attached to the kvm tracepoints)
@@ -18,8 +18,8 @@
 //
 // The guest (mmio-storm: MMIO and PIO register accesses, five userspace exits per iteration)
 // runs in this process, unrecorded, while the watcher (the real exitscope binary) runs beside
-// it, filtered on this process. Modes rotate every round (none, tracefs, bpf-run, ...; then
-// tracefs, bpf-run, ..., none; ...) so drift hits all alike. Per run: wall time per userspace
+// it, filtered on this process. Modes rotate every round (none, tracefs, bpf-empty, ...; then
+// tracefs, bpf-empty, ..., none; ...) so drift hits all alike. Per run: wall time per userspace
 // exit; per watcher run also the kvm records it counted per second and the records it lost.
 // One more round, BPF modes only and not in the medians, reads the programs' own run time
 // (--bpf-stats: BPF_ENABLE_STATS costs two clock reads per program run, so never in a timed

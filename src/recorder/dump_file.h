@@ -99,7 +99,7 @@ class ExitStream {
   ExitStream(const ExitStream&) = delete;
   ExitStream& operator=(const ExitStream&) = delete;
 
-  // Before the first record of each vCPU (records are coded against the vCPU's previous one).
+  // Before the first record of each vCPU: its start delta and access history begin afresh.
   void NextVcpu() noexcept { enc_.NextVcpu(); }
   void Add(const DumpExit& e) noexcept {
     if (in_block_ > kBlockBytes - kMaxCodedExit) Flush();

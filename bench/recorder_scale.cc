@@ -2,7 +2,7 @@
 // 65536 records, writers on every core at full speed while one reader dumps.
 //
 //   build/bench/recorder_scale [--vcpus N] [--records N] [--writers N] [--dumps N]
-//                              [--compare N] [--file PATH]
+//                              [--compare N] [--threads N] [--file PATH]
 //
 // Writer thread w drives vCPUs w, w + W, w + 2W, ... (one thread per vCPU index, as the
 // recorder requires) with BeginExit/EndExit of MMIO and PIO exits on 64 NVMe BARs and a UART,
@@ -91,7 +91,8 @@ struct Options {
   uint32_t writers = 0;  // 0: one per online CPU
   int dumps = 4;
   int compare = 1;
-  std::string file;  // default: /dev/shm/recorder_scale-<pid>.esdump
+  uint32_t threads = 0;  // DumpOptions::threads (0: WriteDump's choice)
+  std::string file;      // default: /dev/shm/recorder_scale-<pid>.esdump
 };
 
 constexpr uint64_t kBase = 0xc0000000;
@@ -167,6 +168,8 @@ Options ParseArgs(int argc, char** argv) {
           "  --writers N   writer threads (default: one per online CPU)\n"
           "  --dumps N     WriteDump dumps while the writers run (default 4)\n"
           "  --compare N   dumps the old way (Snapshot + SerializeDump, in memory; default 1)\n"
+          "  --threads N   WriteDump's coding threads (DumpOptions::threads; default 0, its\n"
+          "                own choice); one more dump on 1 thread is timed for the ratio\n"
           "  --file PATH   the dump file (default /dev/shm/recorder_scale-PID.esdump, removed\n"
           "                at the end); its directory gets the floor's file too\n"
           "Exit status: 0 ok, 1 the accounting failed, 2 bad usage.\n");
@@ -182,6 +185,8 @@ Options ParseArgs(int argc, char** argv) {
       o.dumps = static_cast<int>(ParseCount("--dumps", next(), 1, 1000));
     } else if (a == "--compare") {
       o.compare = static_cast<int>(ParseCount("--compare", next(), 0, 1000));
+    } else if (a == "--threads") {
+      o.threads = static_cast<uint32_t>(ParseCount("--threads", next(), 0, 64));
     } else if (a == "--file") {
       o.file = next();
       if (o.file.empty()) Usage("--file: empty path");
@@ -340,6 +345,7 @@ int main(int argc, char** argv) {
   std::vector<uint64_t> prev_skipped(o.vcpus, 0);
   bool identity_ok = true;
   uint64_t bytes = 0;
+  double last_wall = 0;
   // The accounting of one dump, from what ReadDump gives back.
   auto account = [&](const Dump& d, const char* what) {
     Counts c;
@@ -359,9 +365,9 @@ int main(int argc, char** argv) {
         static_cast<unsigned long long>(c.overwritten), static_cast<unsigned long long>(c.skipped),
         ok ? "" : "  MISMATCH");
   };
-  auto write_dump = [&](const char* label) -> bool {
+  auto write_dump = [&](const char* label, uint32_t threads) -> bool {
     Status st;
-    const Timed t = timed([&] { st = rec.WriteDump(o.file); });
+    const Timed t = timed([&] { st = rec.WriteDump(o.file, {.threads = threads}); });
     if (!st) {
       std::fprintf(stderr, "recorder_scale: %s\n", st.error().message.c_str());
       return false;
@@ -378,6 +384,7 @@ int main(int argc, char** argv) {
     std::printf("%s: WriteDump %s, %llu bytes\n", label, show(t).c_str(),
                 static_cast<unsigned long long>(bytes));
     account(*back, "from the file");
+    last_wall = t.wall;
     if (std::string(label).starts_with("dump ")) {
       walls.push_back(t.wall);
       cpus.push_back(t.all_cpu);
@@ -388,8 +395,12 @@ int main(int argc, char** argv) {
   const uint64_t during0 = total_done();
   const double during_t0 = WallMs();
   for (int k = 0; k < o.dumps; ++k) {
-    if (!write_dump(("dump " + std::to_string(k + 1)).c_str())) return 1;
+    if (!write_dump(("dump " + std::to_string(k + 1)).c_str(), o.threads)) return 1;
   }
+  // The same on one coding thread, for the ratio.
+  double one_thread_ms = 0;
+  if (!write_dump("one coding thread", 1)) return 1;
+  one_thread_ms = last_wall;
   // The old way, in the same run: a fresh Dump and a fresh string (what WriteDump did).
   std::vector<double> old_walls, old_cpus;
   for (int k = 0; k < o.compare; ++k) {
@@ -446,12 +457,19 @@ int main(int argc, char** argv) {
 
   // One more with the writers stopped: the reader alone (on a shared machine, still beside
   // whatever else runs there).
-  if (!write_dump("after the writers stopped")) return 1;
+  if (!write_dump("after the writers stopped", o.threads)) return 1;
+  const double alone_ms = last_wall;
+  if (!write_dump("after the writers stopped, one coding thread", 1)) return 1;
+  const double alone_one_ms = last_wall;
   unlink(o.file.c_str());
   std::printf("records recorded per second (while dumping): %.1f M/s\n",
               static_cast<double>(during) / during_ms / 1e3);
   std::printf("WriteDump: median %.1f ms wall, CPU (all its threads) median %.1f ms\n",
               Median(walls), Median(cpus));
+  std::printf(
+      "one coding thread: %.1f ms wall while the writers ran (%.2fx the median), %.1f ms "
+      "after (%.2fx)\n",
+      one_thread_ms, one_thread_ms / Median(walls), alone_one_ms, alone_one_ms / alone_ms);
   if (!old_walls.empty()) {
     std::printf("old way: median %.1f ms wall, CPU median %.1f ms (%.1fx, %.1fx CPU)\n",
                 Median(old_walls), Median(old_cpus), Median(old_walls) / Median(walls),
@@ -469,6 +487,6 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(o.records), Median(walls),
               static_cast<unsigned long long>(bytes));
   std::printf("accounting: written = read + overwritten + skipped %s for all %d dumps\n",
-              identity_ok ? "holds exactly" : "FAILS", o.dumps + o.compare + 1);
+              identity_ok ? "holds exactly" : "FAILS", o.dumps + o.compare + 3);
   return identity_ok ? 0 : 1;
 }

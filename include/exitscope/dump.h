@@ -55,6 +55,10 @@ inline constexpr char kDumpMagic[8] = {'E', 'X', 'S', 'C', 'D', 'U', 'M', 'P'};
 struct DumpOptions {
   bool include_guest_data = false;  // write ExitRecord::value (guest bytes) into the file
   uint64_t max_exits_per_vcpu = 0;  // 0 = everything the rings hold; else the newest N
+  // Threads Recorder::WriteDump codes the rings on, each taking whole vCPUs (the calling
+  // thread is one of them). 0: one per 65536 records the rings hold, at most one per online
+  // CPU and 8. The file is the same whatever the number.
+  uint32_t threads = 0;
 };
 
 // One exit, times in ns.

@@ -73,6 +73,8 @@ class DumpFile {
 
   Status Open(const std::string& path);
   // Writes all of [data, data + n) at `offset` (pwrite, retried on short writes and EINTR).
+  // Several threads may write at once (disjoint ranges); a failure leaves the file open for
+  // them, and the destructor removes it.
   Status WriteAt(const void* data, size_t n, uint64_t offset);
   Status Commit();
   const std::string& path() const noexcept { return path_; }
@@ -94,17 +96,19 @@ class ExitStream {
  public:
   static constexpr size_t kBlockBytes = 128 * 1024;  // in L2 while checksummed
 
-  ExitStream(DumpFile* file, uint64_t section_offset, bool guest);
+  ExitStream(DumpFile* file, uint64_t section_offset);
   ~ExitStream();  // waits for the writer thread
   ExitStream(const ExitStream&) = delete;
   ExitStream& operator=(const ExitStream&) = delete;
 
   // Before the first record of each vCPU: its start delta and access history begin afresh.
   void NextVcpu() noexcept { enc_.NextVcpu(); }
+  // `e` as the file stores it (ForFile: without its value when the dump holds no guest data).
+  // Best from memory written a while before (an array, not a DumpExit just filled in): the
+  // coder's wide loads of a record just stored field by field stall on store forwarding.
   void Add(const DumpExit& e) noexcept {
     if (in_block_ > kBlockBytes - kMaxCodedExit) Flush();
-    in_block_ =
-        static_cast<size_t>(enc_.Put(ForFile(e, guest_), block_.get() + in_block_) - block_.get());
+    in_block_ = static_cast<size_t>(enc_.Put(e, block_.get() + in_block_) - block_.get());
     ++records_;
   }
   // Writes what is left and the count; the section's CRC goes to *crc and its size (count
@@ -119,7 +123,6 @@ class ExitStream {
   void StopWriter() noexcept;
   DumpFile* file_;
   uint64_t section_offset_;
-  bool guest_;
   ExitEncoder enc_;
   std::unique_ptr<char[]> block_, spare_;
   size_t in_block_ = 0;   // bytes

@@ -1,9 +1,10 @@
 // Recorder::WriteDump: a dump written straight from the rings to the file (what WriteDump,
 // es_write_dump and the dump signal use), without the in-memory Dump's exits or a string of
-// the whole file: ring chunk (in cache) -> coded file records in a block (in cache;
-// exit_codec.h, a few bytes each instead of 60) -> CRC -> pwrite. About 64 bytes of memory
-// traffic per record read from the ring and 5-15 written to the page cache, and no fresh pages
-// but the file's.
+// the whole file: ring chunk (in cache) -> DumpExits (in cache) -> coded file records
+// (exit_codec.h, a few bytes each instead of 60) -> CRC -> pwrite, on up to
+// DumpOptions::threads threads that each take whole vCPUs. About 64 bytes of memory traffic
+// per record read from the ring and 3-15 written to the page cache; per thread, a chunk and
+// one vCPU's coded records.
 //
 // The file is that of SerializeDump (docs/dump-format.md: the other sections back to back in id
 // order, then the exits), so every section but the exits must have its final size before the
@@ -29,11 +30,20 @@
 // since been removed, so its map is not among the current ranges') changes the sections
 // before the exits: then the dump is taken again through Snapshot + WriteDumpFile.
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <new>
+#include <numeric>
+#include <system_error>
+#include <thread>
 #include <vector>
 
 #include "exitscope/recorder.h"
+#include "recorder/crc32.h"
 #include "recorder/dump_file.h"
 #include "recorder/exit_convert.h"
 #include "recorder/recorder_impl.h"
@@ -44,6 +54,73 @@ using internal::DumpSections;
 using internal::kExits;
 using internal::kSectionCount;
 
+namespace {
+
+// One thread's coded vCPU: grown to the largest vCPU it codes, reused for the next.
+class CodedVcpu {
+ public:
+  char* Reserve(size_t more) {
+    if (cap_ - used_ < more) {
+      const size_t cap = std::max(cap_ * 2, used_ + more);
+      std::unique_ptr<char[]> grown(new char[cap]);
+      if (used_ != 0) std::memcpy(grown.get(), bytes_.get(), used_);
+      bytes_ = std::move(grown);
+      cap_ = cap;
+    }
+    return bytes_.get() + used_;
+  }
+  void Commit(char* end) noexcept { used_ = static_cast<size_t>(end - bytes_.get()); }
+  void Clear() noexcept { used_ = 0; }
+  const char* data() const noexcept { return bytes_.get(); }
+  size_t size() const noexcept { return used_; }
+
+ private:
+  std::unique_ptr<char[]> bytes_;
+  size_t cap_ = 0, used_ = 0;
+};
+
+// The exits section as the coding threads hand it over: vCPU v's records go right after
+// v - 1's, so each thread, its vCPU coded, waits for its turn to be given its offset, and then
+// writes beside the others. The section's CRC is combined in vCPU order.
+class ExitsInOrder {
+ public:
+  explicit ExitsInOrder(uint64_t first_offset) : next_offset_(first_offset) {}
+  // vCPU `v`'s `n` bytes with CRC `crc`: returns their offset (after every earlier vCPU's).
+  uint64_t Place(uint32_t v, size_t n, uint32_t crc) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return placed_ == v; });
+    const uint64_t off = next_offset_;
+    next_offset_ += n;
+    crc_ = internal::Crc32Combine(crc_, crc, n);
+    bytes_ += n;
+    ++placed_;
+    lock.unlock();
+    cv_.notify_all();
+    return off;
+  }
+  void Fail(Status s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (status_) status_ = std::move(s);
+    failed_.store(true, std::memory_order_relaxed);
+  }
+  bool failed() const noexcept { return failed_.load(std::memory_order_relaxed); }
+  // After every vCPU was placed (threads joined).
+  Status status() const { return status_; }
+  uint32_t crc() const noexcept { return crc_; }
+  uint64_t bytes() const noexcept { return bytes_; }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint32_t placed_ = 0;
+  uint64_t next_offset_, bytes_ = 0;
+  uint32_t crc_ = 0;
+  Status status_;
+  std::atomic<bool> failed_{false};
+};
+
+}  // namespace
+
 Status Recorder::WriteDump(const std::string& path, const DumpOptions& options) const {
   bool fallback = false;
   {
@@ -51,6 +128,7 @@ Status Recorder::WriteDump(const std::string& path, const DumpOptions& options) 
     EXITSCOPE_RETURN_IF_ERROR(f.Open(path));
     Dump d;  // everything but the exits
     std::map<const RegisterMap*, uint32_t> map_index;
+    std::mutex maps_mu;  // d.maps and map_index, once the coding threads run
     SnapshotMetadata(options, &d, &map_index);
     const uint64_t now_ticks = clock_.Now();
     internal::ExitConverter convert(clock_, space_, options.include_guest_data, &d, &map_index);
@@ -58,8 +136,10 @@ Status Recorder::WriteDump(const std::string& path, const DumpOptions& options) 
 
     // Heads, then in-progress exits (that order: see above).
     std::vector<uint64_t> h0(num_vcpus_), in_progress_start(num_vcpus_, 0);
+    uint64_t held = 0;
     for (uint32_t v = 0; v < num_vcpus_; ++v) {
       h0[v] = rings_.ring(v).written();
+      held += std::min(h0[v], rings_.ring(v).capacity());
       ExitRecord cur;
       if (ReadInProgress(v, now_ticks, &cur)) {
         in_progress_start[v] = cur.start_ticks;
@@ -71,44 +151,106 @@ Status Recorder::WriteDump(const std::string& path, const DumpOptions& options) 
     internal::BuildSections(d, options, counts.data(), &layout);
     const size_t maps_known = d.maps.size();
 
-    internal::ExitStream exits(&f, layout.offset[kExits], layout.guest);
-    constexpr size_t kChunk = 512;  // 28 KiB of records
-    const std::unique_ptr<ExitRecord[]> chunk(new ExitRecord[kChunk]);
-    for (uint32_t v = 0; v < num_vcpus_ && d.maps.size() == maps_known; ++v) {
-      DumpVcpu& dv = d.vcpus[v];
-      const ExitRing& ring = rings_.ring(v);
-      // A fresh look just before the copy, kept if it agrees with the layout (an exit in
-      // progress, or none): the window in which the exit can end and reach the ring is then
-      // this ring's copy, not the whole dump.
-      uint64_t from = h0[v], start = in_progress_start[v];
-      const uint64_t fresh_head = ring.written();
-      ExitRecord cur;
-      const bool inside = ReadInProgress(v, clock_.Now(), &cur);
-      if (inside == (start != 0)) {
-        from = fresh_head;
-        if (inside) {
-          start = cur.start_ticks;
-          convert(cur, &*dv.in_progress);
+    // The exits: threads take whole vCPUs in turn (an atomic counter), each copying its ring a
+    // chunk at a time, converting the chunk into DumpExits and only then coding it (the
+    // coder's wide loads of a DumpExit whose fields were just stored one by one would wait on
+    // store forwarding), into its CodedVcpu; then ExitsInOrder gives it the offset and it
+    // pwrites the vCPU. Memory: per thread a chunk and one vCPU's coded records (the rings'
+    // 64 bytes a record become 3-15 here, at most kMaxCodedExit).
+    ExitsInOrder placed(layout.offset[kExits] + 8);
+    std::atomic<uint32_t> next_vcpu{0};
+    std::atomic<bool> maps_grew{false};
+    auto code_vcpus = [&]() noexcept {
+      constexpr size_t kChunk = 512;  // 28 KiB of records, 32 KiB converted
+      std::unique_ptr<ExitRecord[]> chunk;
+      std::unique_ptr<DumpExit[]> converted;
+      CodedVcpu coded;
+      internal::ExitEncoder enc;
+      internal::ExitConverter conv(clock_, space_, options.include_guest_data, &d, &map_index,
+                                   &maps_mu);
+      for (uint32_t v; (v = next_vcpu.fetch_add(1)) < num_vcpus_;) {
+        coded.Clear();
+        uint32_t crc = 0;
+        // After a failure or a new map (the dump is then taken again: see above), the rest
+        // is only placed, empty, so that no thread waits for a vCPU nobody codes.
+        if (!placed.failed() && !maps_grew.load(std::memory_order_relaxed)) {
+          try {
+            if (!chunk) {
+              chunk.reset(new ExitRecord[kChunk]);
+              converted.reset(new DumpExit[kChunk]);
+            }
+            DumpVcpu& dv = d.vcpus[v];
+            const ExitRing& ring = rings_.ring(v);
+            // A fresh look just before the copy, kept if it agrees with the layout (an exit
+            // in progress, or none): the window in which the exit can end and reach the ring
+            // is then this ring's copy, not the whole dump.
+            uint64_t from = h0[v], start = in_progress_start[v];
+            const uint64_t fresh_head = ring.written();
+            ExitRecord cur;
+            const bool inside = ReadInProgress(v, clock_.Now(), &cur);
+            if (inside == (start != 0)) {
+              from = fresh_head;
+              if (inside) {
+                start = cur.start_ticks;
+                conv(cur, &*dv.in_progress);
+              }
+            }
+            uint64_t head = ring.written();
+            if (start != 0) head = ring.FindStart(from, head, start);
+            enc.NextVcpu();
+            const ExitRing::SnapshotStats st =
+                ring.SnapshotChunkedUpTo(head, options.max_exits_per_vcpu, chunk.get(), kChunk,
+                                         [&](const ExitRecord* recs, size_t n) {
+                                           for (size_t i = 0; i < n; ++i)
+                                             conv(recs[i], &converted[i]);
+                                           char* p = coded.Reserve(n * internal::kMaxCodedExit);
+                                           for (size_t i = 0; i < n; ++i)
+                                             p = enc.Put(converted[i], p);
+                                           coded.Commit(p);
+                                         });
+            counts[v] = st.copied;
+            dv.counters.capacity = ring.capacity();
+            dv.counters.written = st.written;
+            dv.counters.overwritten =
+                st.written > ring.capacity() ? st.written - ring.capacity() : 0;
+            dv.counters.skipped = ring.counters().skipped;
+            {
+              std::lock_guard<std::mutex> lock(maps_mu);
+              if (d.maps.size() != maps_known) maps_grew.store(true, std::memory_order_relaxed);
+            }
+            crc = internal::Crc32Extend(0, coded.data(), coded.size());
+          } catch (const std::bad_alloc&) {
+            placed.Fail(Fail(ErrorCode::kInternal,
+                             f.path() + ": out of memory coding vCPU " + std::to_string(v)));
+            coded.Clear();
+          }
+        }
+        if (placed.failed() || maps_grew.load(std::memory_order_relaxed)) coded.Clear();
+        const uint64_t off = placed.Place(v, coded.size(), crc);
+        if (coded.size() != 0) {
+          Status w = f.WriteAt(coded.data(), coded.size(), off);
+          if (!w) placed.Fail(std::move(w));
         }
       }
-      uint64_t head = ring.written();
-      if (start != 0) head = ring.FindStart(from, head, start);
-      exits.NextVcpu();
-      const ExitRing::SnapshotStats st =
-          ring.SnapshotChunkedUpTo(head, options.max_exits_per_vcpu, chunk.get(), kChunk,
-                                   [&](const ExitRecord* recs, size_t n) {
-                                     for (size_t i = 0; i < n; ++i) {
-                                       DumpExit e;
-                                       convert(recs[i], &e);
-                                       exits.Add(e);
-                                     }
-                                   });
-      counts[v] = st.copied;
-      dv.counters.capacity = ring.capacity();
-      dv.counters.written = st.written;
-      dv.counters.overwritten = st.written > ring.capacity() ? st.written - ring.capacity() : 0;
-      dv.counters.skipped = ring.counters().skipped;
+    };
+    uint32_t threads = options.threads;
+    if (threads == 0) {
+      threads = static_cast<uint32_t>(
+          std::min<uint64_t>({std::max(1u, std::thread::hardware_concurrency()), 8,
+                              std::max<uint64_t>(1, held >> 16)}));
     }
+    threads = std::min(threads, num_vcpus_);
+    std::vector<std::thread> helpers;
+    for (uint32_t i = 1; i < threads; ++i) {
+      try {
+        helpers.emplace_back(code_vcpus);
+      } catch (const std::system_error&) {
+        break;  // fewer threads: the others take more vCPUs
+      }
+    }
+    code_vcpus();
+    for (std::thread& t : helpers) t.join();
+    EXITSCOPE_RETURN_IF_ERROR(placed.status());
     d.counters = counters();
 
     DumpSections fin;
@@ -118,9 +260,13 @@ Status Recorder::WriteDump(const std::string& path, const DumpOptions& options) 
     }
     if (!fallback) {
       uint32_t crc[kSectionCount + 1] = {};
-      uint64_t bytes = 0;
-      EXITSCOPE_RETURN_IF_ERROR(exits.Finish(&crc[kExits], &bytes));
-      internal::SetExitsSize(&fin, bytes);
+      char count[8];
+      const uint64_t total = std::accumulate(counts.begin(), counts.end(), uint64_t{0});
+      for (int i = 0; i < 8; ++i) count[i] = static_cast<char>(total >> (8 * i));
+      EXITSCOPE_RETURN_IF_ERROR(f.WriteAt(count, 8, layout.offset[kExits]));
+      crc[kExits] =
+          internal::Crc32Combine(internal::Crc32Extend(0, count, 8), placed.crc(), placed.bytes());
+      internal::SetExitsSize(&fin, 8 + placed.bytes());
       for (uint32_t id = 1; id <= kSectionCount; ++id) {
         if (id == kExits) continue;
         crc[id] = internal::Crc32Of(fin.bytes[id]);

@@ -331,7 +331,10 @@ void SerializeInto(const Dump& d, const DumpOptions& opts, std::string* out, boo
           x.append(block, used);
           used = 0;
         }
-        used = static_cast<size_t>(enc.Put(ForFile(e, s.guest), block + used) - block);
+        // Coded from where it is (a fresh copy would stall the coder's wide loads on store
+        // forwarding) unless it has a value to drop.
+        const bool as_is = s.guest || (e.value == 0 && (e.flags & kExitFlagValue) == 0);
+        used = static_cast<size_t>(enc.Put(as_is ? e : ForFile(e, false), block + used) - block);
       }
     }
     x.append(block, used);
@@ -418,7 +421,12 @@ Status DumpFile::WriteAt(const void* data, size_t n, uint64_t offset) {
   while (done < n) {
     const ssize_t w = pwrite(fd_, p + done, n - done, static_cast<off_t>(offset + done));
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return IoError("write", w == 0 ? ENOSPC : errno);
+    // Not IoError: other threads may be writing (the file is closed and removed by the
+    // destructor, the dump being failed).
+    if (w <= 0) {
+      return Fail(ErrorCode::kIo,
+                  path_ + ": write failed: " + std::strerror(w == 0 ? ENOSPC : errno));
+    }
     done += static_cast<size_t>(w);
   }
   return {};
@@ -444,10 +452,9 @@ Status DumpFile::Commit() {
   return {};
 }
 
-ExitStream::ExitStream(DumpFile* file, uint64_t section_offset, bool guest)
+ExitStream::ExitStream(DumpFile* file, uint64_t section_offset)
     : file_(file),
       section_offset_(section_offset),
-      guest_(guest),
       block_(new char[kBlockBytes]),
       spare_(new char[kBlockBytes]) {
   try {
@@ -527,10 +534,13 @@ Status WriteSections(const Dump& d, const DumpOptions& opts, DumpFile* f) {
   DumpSections s;
   BuildSections(d, opts, nullptr, &s);
   uint32_t crc[kSectionCount + 1] = {};
-  ExitStream exits(f, s.offset[kExits], s.guest);
+  ExitStream exits(f, s.offset[kExits]);
   for (const DumpVcpu& v : d.vcpus) {
     exits.NextVcpu();
-    for (const DumpExit& e : v.exits) exits.Add(e);
+    for (const DumpExit& e : v.exits) {
+      const bool as_is = s.guest || (e.value == 0 && (e.flags & kExitFlagValue) == 0);
+      exits.Add(as_is ? e : ForFile(e, false));
+    }
   }
   uint64_t bytes = 0;
   EXITSCOPE_RETURN_IF_ERROR(exits.Finish(&crc[kExits], &bytes));

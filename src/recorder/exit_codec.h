@@ -26,6 +26,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "exitscope/dump.h"
 
@@ -66,26 +67,51 @@ struct ExitAccess {
     a.flags = e.flags;
     return a;
   }
-  bool SameWhere(const ExitAccess& o) const noexcept {
-    return device == o.device && reg == o.reg && reg_element == o.reg_element &&
-           reg_delta == o.reg_delta && map == o.map;
+  // Whether `e` has this access. Compared as words (DumpExit's device..reg_delta and
+  // kind..flags lie in the same order as here): the coder compares every record with up to
+  // 8 accesses, and field by field that is most of its time.
+  bool Is(const DumpExit& e) const noexcept {
+    return addr == e.addr && SameWhere(e) && SameShape(e);
   }
-  bool SameShape(const ExitAccess& o) const noexcept {
-    return kind == o.kind && size == o.size && dir == o.dir && flags == o.flags;
+  bool SameWhere(const DumpExit& e) const noexcept {
+    uint64_t a0, a1, b0, b1;
+    std::memcpy(&a0, &device, 8);
+    std::memcpy(&a1, &reg_element, 8);
+    std::memcpy(&b0, &e.device, 8);
+    std::memcpy(&b1, &e.reg_element, 8);
+    return ((a0 ^ b0) | (a1 ^ b1) | (map ^ e.map)) == 0;
   }
-  bool operator==(const ExitAccess& o) const noexcept {
-    return addr == o.addr && SameWhere(o) && SameShape(o);
+  bool SameShape(const DumpExit& e) const noexcept {
+    uint32_t a, b;
+    std::memcpy(&a, &kind, 4);
+    std::memcpy(&b, &e.kind, 4);
+    return a == b;
   }
+  bool operator==(const ExitAccess&) const noexcept = default;
 };
 static_assert(sizeof(ExitAccess) == 32);
+static_assert(offsetof(ExitAccess, reg) == offsetof(ExitAccess, device) + 4 &&
+              offsetof(ExitAccess, reg_element) == offsetof(ExitAccess, device) + 8 &&
+              offsetof(ExitAccess, reg_delta) == offsetof(ExitAccess, device) + 12);
+static_assert(offsetof(DumpExit, reg) == offsetof(DumpExit, device) + 4 &&
+              offsetof(DumpExit, reg_element) == offsetof(DumpExit, device) + 8 &&
+              offsetof(DumpExit, reg_delta) == offsetof(DumpExit, device) + 12);
+static_assert(offsetof(ExitAccess, flags) == offsetof(ExitAccess, kind) + 3 &&
+              offsetof(ExitAccess, size) == offsetof(ExitAccess, kind) + 1 &&
+              offsetof(ExitAccess, dir) == offsetof(ExitAccess, kind) + 2);
+static_assert(offsetof(DumpExit, flags) == offsetof(DumpExit, kind) + 3 &&
+              offsetof(DumpExit, size) == offsetof(DumpExit, kind) + 1 &&
+              offsetof(DumpExit, dir) == offsetof(DumpExit, kind) + 2 && sizeof(ExitKind) == 1 &&
+              sizeof(AccessDir) == 1);
 
 class AccessHistory {
  public:
   static constexpr int kSize = 8;
-  // The position of `a`, or -1.
-  int Find(const ExitAccess& a) const noexcept {
+  // The position of `e`'s access (the lowest, if it is there twice: only the initial ones
+  // can be), or -1.
+  int Find(const DumpExit& e) const noexcept {
     for (int p = 0; p < kSize; ++p) {
-      if (at(p) == a) return p;
+      if (at(p).Is(e)) return p;
     }
     return -1;
   }
@@ -139,34 +165,33 @@ class ExitEncoder {
     p = PutVarint(p, Zigzag(e.start_ns - start_));
     start_ = e.start_ns;
     p = PutVarint(p, e.duration_ns);
-    const ExitAccess a = ExitAccess::Of(e);
-    const int pos = hist_.Find(a);
+    const int pos = hist_.Find(e);
     const ExitAccess& base = hist_.at(0);
-    if (pos < 0 && a.addr != base.addr) {
+    if (pos < 0 && e.addr != base.addr) {
       t |= kTagAddr;
-      p = PutVarint(p, Zigzag(a.addr - base.addr));
+      p = PutVarint(p, Zigzag(e.addr - base.addr));
     }
     if (e.value != 0) {
       t |= kTagValue;
       p = PutVarint(p, e.value);
     }
-    if (pos < 0 && !a.SameWhere(base)) {
+    if (pos < 0 && !base.SameWhere(e)) {
       t |= kTagWhere;
-      p = PutVarint(p, static_cast<uint32_t>(a.device + 1));
-      p = PutVarint(p, static_cast<uint32_t>(a.reg + 1));
-      p = PutVarint(p, a.reg_element);
-      p = PutVarint(p, a.reg_delta);
-      p = PutVarint(p, static_cast<uint32_t>(a.map + 1));
+      p = PutVarint(p, static_cast<uint32_t>(e.device + 1));
+      p = PutVarint(p, static_cast<uint32_t>(e.reg + 1));
+      p = PutVarint(p, e.reg_element);
+      p = PutVarint(p, e.reg_delta);
+      p = PutVarint(p, static_cast<uint32_t>(e.map + 1));
     }
-    if (pos < 0 && !a.SameShape(base)) {
+    if (pos < 0 && !base.SameShape(e)) {
       t |= kTagShape;
-      *p++ = static_cast<char>(a.kind);
-      *p++ = static_cast<char>(a.size);
-      *p++ = static_cast<char>(a.dir);
-      *p++ = static_cast<char>(a.flags);
+      *p++ = static_cast<char>(e.kind);
+      *p++ = static_cast<char>(e.size);
+      *p++ = static_cast<char>(e.dir);
+      *p++ = static_cast<char>(e.flags);
     }
     if (pos < 0) {
-      hist_.Insert(a);  // position 0 in the tag
+      hist_.Insert(ExitAccess::Of(e));  // position 0 in the tag
     } else {
       t |= static_cast<uint8_t>(pos << kTagPosShift);
       hist_.Touch(pos);

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <mutex>
 
 #include "exitscope/address_space.h"
 #include "exitscope/clock.h"
@@ -29,13 +30,19 @@ inline const RegisterMap* ResolveIn(const AddressSpace& space, ExitRecord* r) no
 
 // Converts records for one snapshot into `d`. An exit names its register through the map of
 // the generation it was resolved in, which a range moved since no longer has: that map joins
-// d->maps (and *map_index) too. Resolution goes through a per-snapshot cache: millions of
-// records, a few distinct accesses. Single thread.
+// d->maps (and *map_index) too. Resolution goes through a per-converter cache: millions of
+// records, a few distinct accesses. One thread per converter; converters of several threads
+// that share `d` and `map_index` pass the mutex that guards them (taken on a cache miss only).
 class ExitConverter {
  public:
   ExitConverter(const Clock& clock, const AddressSpace& space, bool guest, Dump* d,
-                std::map<const RegisterMap*, uint32_t>* map_index)
-      : clock_(clock), space_(space), guest_(guest), d_(d), map_index_(map_index) {}
+                std::map<const RegisterMap*, uint32_t>* map_index, std::mutex* maps_mu = nullptr)
+      : clock_(clock),
+        space_(space),
+        guest_(guest),
+        d_(d),
+        map_index_(map_index),
+        maps_mu_(maps_mu) {}
 
   void operator()(const ExitRecord& r, DumpExit* e) {
     e->start_ns = clock_.ToMonotonicNs(r.start_ticks);
@@ -71,6 +78,8 @@ class ExitConverter {
     const RegisterMap* map = ResolveIn(space_, &r);
     ResolveCache::Value v{r.device, r.reg, r.reg_element, r.reg_delta, kNoRegister};
     if (map != nullptr) {
+      std::unique_lock<std::mutex> lock;
+      if (maps_mu_ != nullptr) lock = std::unique_lock<std::mutex>(*maps_mu_);
       auto [it, inserted] = map_index_->emplace(map, static_cast<uint32_t>(d_->maps.size()));
       if (inserted) d_->maps.push_back(*map);
       v.map = it->second;
@@ -83,6 +92,7 @@ class ExitConverter {
   const bool guest_;
   Dump* d_;
   std::map<const RegisterMap*, uint32_t>* map_index_;
+  std::mutex* maps_mu_;
   ResolveCache cache_;
 };
 

@@ -112,6 +112,10 @@ TEST_F(DumpStreamTest, WriteDumpGivesSerializeDumpsBytes) {
   ExpectSameBytesAsSnapshot({});
   ExpectSameBytesAsSnapshot({.include_guest_data = true});
   ExpectSameBytesAsSnapshot({.max_exits_per_vcpu = 5});
+  // Coded on several threads (3 of 4 vCPUs; more threads than vCPUs): the same bytes.
+  ExpectSameBytesAsSnapshot({.include_guest_data = true, .threads = 3});
+  ExpectSameBytesAsSnapshot({.threads = 16});
+  ExpectSameBytesAsSnapshot({.max_exits_per_vcpu = 5, .threads = 2});
   const Dump d = *ReadDump((dir_ / "s.esdump").string());
   EXPECT_EQ(d.vcpus[0].exits.size(), 5u);
   EXPECT_TRUE(d.vcpus[2].in_progress.has_value());
@@ -141,7 +145,8 @@ TEST_F(DumpStreamTest, WriteDumpFileGivesSerializeDumpsBytes) {
 
 // Exits resolved in a generation whose range was removed since: their map is not among the
 // current ranges', so the streamed layout cannot know it up front, and WriteDump takes the
-// in-memory path. The file still names their registers.
+// in-memory path (also when the map turns up on one of several coding threads). The file still
+// names their registers.
 TEST_F(DumpStreamTest, AMapOnlyAnOldGenerationHasStillNamesTheRegister) {
   AddressSpace& as = rec_->address_space();
   const uint32_t blk = *as.AddDevice({.name = "nvme1", .kind = "nvme"});
@@ -151,6 +156,7 @@ TEST_F(DumpStreamTest, AMapOnlyAnOldGenerationHasStillNamesTheRegister) {
   rec_->BeginExit(3, ExitKind::kMmio, 0xfe001000, 4, AccessDir::kWrite, 1);
   rec_->EndExit(3);
   ASSERT_TRUE(as.RemoveRange(IoSpace::kMmio, 0xfe000000).has_value());
+  ExpectSameBytesAsSnapshot({.threads = 4});  // the other threads stop coding, and it falls back
   ExpectSameBytesAsSnapshot({});
   const Dump d = *ReadDump((dir_ / "s.esdump").string());
   const DumpExit& e = d.vcpus[3].exits.back();
@@ -173,39 +179,43 @@ TEST_F(DumpStreamTest, FailuresLeaveNothingBehind) {
 // A write that fails in the middle of the exits (on the writer thread: the file-size limit,
 // as a full disk would) fails the dump with the path and the reason, keeps the previous dump
 // byte for byte and leaves no temporary file. In a child, whose limit cannot leak.
+// On 1 coding thread and on 4 (each vCPU's write then fails on its own thread).
 TEST_F(DumpStreamTest, AWriteFailingMidExitsKeepsThePreviousDump) {
   const std::string path = (dir_ / "v.esdump").string();
   ASSERT_TRUE(rec_->WriteDump(path).has_value());
   const std::string before = Slurp(path);
   RecorderOptions o;
-  o.num_vcpus = 2;
+  o.num_vcpus = 8;
   o.events_per_vcpu = 1 << 14;
   o.start_watchdog = false;
   auto big = std::move(*Recorder::Create(o));
-  for (uint32_t v = 0; v < 2; ++v) {
+  for (uint32_t v = 0; v < 8; ++v) {
     for (int i = 0; i < (1 << 14); ++i) {
       big->BeginExit(v, ExitKind::kHlt);
       big->EndExit(v);
     }
   }
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    signal(SIGXFSZ, SIG_IGN);
-    // The big dump's exits are ~96 KiB (3 bytes an exit: HLT after HLT); the sections before
-    // them ~1 KiB: the limit falls inside the exits.
-    const rlimit lim{32 << 10, 32 << 10};
-    if (setrlimit(RLIMIT_FSIZE, &lim) != 0) _exit(3);
-    const Status s = big->WriteDump(path);
-    if (s) _exit(4);
-    _exit(s.error().message.find(path + ": write failed: File too large") == 0 ? 0 : 5);
+  for (const uint32_t threads : {1u, 4u}) {
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      signal(SIGXFSZ, SIG_IGN);
+      // The big dump's exits are ~48 KiB a vCPU (3 bytes an exit: HLT after HLT); the
+      // sections before them ~1 KiB: the limit falls inside the first vCPU's exits.
+      const rlimit lim{32 << 10, 32 << 10};
+      if (setrlimit(RLIMIT_FSIZE, &lim) != 0) _exit(3);
+      const Status s = big->WriteDump(path, {.threads = threads});
+      if (s) _exit(4);
+      _exit(s.error().message.find(path + ": write failed: File too large") == 0 ? 0 : 5);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0)
+        << threads << " thread(s): 4: the dump succeeded, 5: another message";
+    EXPECT_TRUE(Slurp(path) == before);
+    EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator{}), 1);
   }
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "4: the dump succeeded, 5: another message";
-  EXPECT_TRUE(Slurp(path) == before);
-  EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator{}), 1);
 }
 
 TEST(DumpStreamCrc, CombineIsTheCrcOfTheConcatenation) {

@@ -259,7 +259,9 @@ TEST(SnapshotStressTest, EveryFieldOfEveryStreamedDumpRecordIsWhole) {
       stop.store(true);
       for (auto& t : vcpus) t.join();
     }
-    const Status st = rec->WriteDump(path, {.include_guest_data = true});
+    // On 1, 2 and 3 coding threads in turn.
+    const Status st = rec->WriteDump(
+        path, {.include_guest_data = true, .threads = static_cast<uint32_t>(1 + k % 3)});
     ASSERT_TRUE(st.has_value()) << st.error().message;
     auto d = ReadDump(path);
     ASSERT_TRUE(d.has_value()) << d.error().message;

@@ -178,7 +178,8 @@ ES_EXPORT es_status es_set_vcpu_counter(es_recorder* rec, uint32_t vcpu, const c
                                         uint64_t value);
 
 /* Dumps. include_guest_data != 0 writes the bytes guests wrote/read (off by default: dumps
- * travel in support bundles). */
+ * travel in support bundles). Large rings are coded on several threads (one per 65536
+ * records held, at most one per online CPU and 8; Recorder::WriteDump, docs/recorder.md). */
 ES_EXPORT es_status es_write_dump(const es_recorder* rec, const char* path, int include_guest_data);
 ES_EXPORT es_status es_install_dump_signal(es_recorder* rec, int signo, const char* directory);
 ES_EXPORT es_status es_get_counters(const es_recorder* rec, es_counters* out);

@@ -8,10 +8,11 @@
 // recorder requires) with BeginExit/EndExit of MMIO and PIO exits on 64 NVMe BARs and a UART,
 // round robin, never waiting. The rings are filled once before the first dump. Then the reader
 // takes --dumps dumps with Recorder::WriteDump (the path WriteDump, es_write_dump and the dump
-// signal use: rings streamed to the file), each timed on the wall clock, on the CPU clocks of
-// all the dump's threads (the process's minus the writers': WriteDump has a writer thread)
-// and of the reader thread (on a machine with fewer cores than writers + 1 the dump is
-// time-sliced with the writers), then reads every file back with ReadDump for the accounting. In
+// signal use: rings streamed to the file, on --threads coding threads, default WriteDump's
+// own choice), each timed on the wall clock, on the CPU clocks of all the dump's threads (the
+// process's minus the writers') and of the calling thread (on a machine with fewer cores than
+// writers + threads the dump is time-sliced with the writers), then one dump on a single
+// coding thread for the ratio, and reads every file back with ReadDump for the accounting. In
 // the same run, for ratios: --compare dumps the old way (Recorder::Snapshot into a fresh Dump +
 // SerializeDump into a fresh string, in memory: what WriteDump did before), and the floors of
 // this machine: pwrite of as many bytes from one cached block to a new file in the same
@@ -158,8 +159,8 @@ Options ParseArgs(int argc, char** argv) {
     if (a == "--help" || a == "-h") {
       std::printf(
           "usage: recorder_scale [--vcpus N] [--records N] [--writers N] [--dumps N] "
-          "[--compare N] [--file PATH]\n"
-          "  Writers record exits on every vCPU ring at full speed while one reader takes\n"
+          "[--compare N] [--threads N] [--file PATH]\n"
+          "  Writers record exits on every vCPU ring at full speed while a reader takes\n"
           "  dumps (Recorder::WriteDump, read back with ReadDump); prints records/s, the time\n"
           "  and size of each dump, the accounting written = read + overwritten + skipped,\n"
           "  the old in-memory path and this machine's floors for comparison.\n"
@@ -455,8 +456,8 @@ int main(int argc, char** argv) {
   stop.store(true);
   for (auto& t : writers) t.join();
 
-  // One more with the writers stopped: the reader alone (on a shared machine, still beside
-  // whatever else runs there).
+  // Two more with the writers stopped, on --threads and on one coding thread: the dump alone
+  // (on a shared machine, still beside whatever else runs there).
   if (!write_dump("after the writers stopped", o.threads)) return 1;
   const double alone_ms = last_wall;
   if (!write_dump("after the writers stopped, one coding thread", 1)) return 1;

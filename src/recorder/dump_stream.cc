@@ -33,6 +33,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -219,9 +220,9 @@ Status Recorder::WriteDump(const std::string& path, const DumpOptions& options) 
               if (d.maps.size() != maps_known) maps_grew.store(true, std::memory_order_relaxed);
             }
             crc = internal::Crc32Extend(0, coded.data(), coded.size());
-          } catch (const std::bad_alloc&) {
+          } catch (const std::exception& e) {  // memory, most likely (std::bad_alloc)
             placed.Fail(Fail(ErrorCode::kInternal,
-                             f.path() + ": out of memory coding vCPU " + std::to_string(v)));
+                             f.path() + ": coding vCPU " + std::to_string(v) + ": " + e.what()));
             coded.Clear();
           }
         }

@@ -332,9 +332,12 @@ void SerializeInto(const Dump& d, const DumpOptions& opts, std::string* out, boo
           used = 0;
         }
         // Coded from where it is (a fresh copy would stall the coder's wide loads on store
-        // forwarding) unless it has a value to drop.
+        // forwarding) unless it has a value to drop (not `as_is ? e : ForFile(..)`, which
+        // would copy either way).
         const bool as_is = s.guest || (e.value == 0 && (e.flags & kExitFlagValue) == 0);
-        used = static_cast<size_t>(enc.Put(as_is ? e : ForFile(e, false), block + used) - block);
+        char* const end =
+            as_is ? enc.Put(e, block + used) : enc.Put(ForFile(e, false), block + used);
+        used = static_cast<size_t>(end - block);
       }
     }
     x.append(block, used);
@@ -538,8 +541,11 @@ Status WriteSections(const Dump& d, const DumpOptions& opts, DumpFile* f) {
   for (const DumpVcpu& v : d.vcpus) {
     exits.NextVcpu();
     for (const DumpExit& e : v.exits) {
-      const bool as_is = s.guest || (e.value == 0 && (e.flags & kExitFlagValue) == 0);
-      exits.Add(as_is ? e : ForFile(e, false));
+      if (s.guest || (e.value == 0 && (e.flags & kExitFlagValue) == 0)) {
+        exits.Add(e);
+      } else {
+        exits.Add(ForFile(e, false));
+      }
     }
   }
   uint64_t bytes = 0;

@@ -69,7 +69,7 @@ struct ExitAccess {
   }
   // Whether `e` has this access. Compared as words (DumpExit's device..reg_delta and
   // kind..flags lie in the same order as here): the coder compares every record with up to
-  // 8 accesses, and field by field that is most of its time.
+  // 8 accesses, and straight from the DumpExit (no ExitAccess built first).
   bool Is(const DumpExit& e) const noexcept {
     return addr == e.addr && SameWhere(e) && SameShape(e);
   }

@@ -399,9 +399,8 @@ int main(int argc, char** argv) {
     if (!write_dump(("dump " + std::to_string(k + 1)).c_str(), o.threads)) return 1;
   }
   // The same on one coding thread, for the ratio.
-  double one_thread_ms = 0;
   if (!write_dump("one coding thread", 1)) return 1;
-  one_thread_ms = last_wall;
+  const double one_thread_ms = last_wall;
   // The old way, in the same run: a fresh Dump and a fresh string (what WriteDump did).
   std::vector<double> old_walls, old_cpus;
   for (int k = 0; k < o.compare; ++k) {

@@ -176,10 +176,10 @@ TEST_F(DumpStreamTest, FailuresLeaveNothingBehind) {
   EXPECT_TRUE(fs::is_empty(dir_));
 }
 
-// A write that fails in the middle of the exits (on the writer thread: the file-size limit,
-// as a full disk would) fails the dump with the path and the reason, keeps the previous dump
-// byte for byte and leaves no temporary file. In a child, whose limit cannot leak.
-// On 1 coding thread and on 4 (each vCPU's write then fails on its own thread).
+// A write that fails in the middle of the exits (the file-size limit, as a full disk would)
+// fails the dump with the path and the reason, keeps the previous dump byte for byte and
+// leaves no temporary file, on 1 coding thread and on 4 (each writes its own vCPUs). In a
+// child, whose limit cannot leak.
 TEST_F(DumpStreamTest, AWriteFailingMidExitsKeepsThePreviousDump) {
   const std::string path = (dir_ / "v.esdump").string();
   ASSERT_TRUE(rec_->WriteDump(path).has_value());

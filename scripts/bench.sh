@@ -17,6 +17,7 @@ echo; echo "== recorder at scale: 256 vCPUs x 65536 records, dump while writers 
 echo; echo "== Prometheus scrape cost, 64 vCPUs x 20 registers (docs/prometheus.md) =="
 "$B/metrics_scrape"
 echo; echo "== cost per exit: no tracing, tracefs streaming, --bpf (docs/kvm-bpf.md) =="
-"$B/kvm_bpf_overhead" --rounds 6 --iterations 10000
+"$B/kvm_bpf_overhead" --interleave 180
+"$B/kvm_bpf_overhead" --rounds 3 --iterations 10000
 echo; echo "== timeline of 1 M exits: time, bytes, memory (docs/timeline.md) =="
 "$B/timeline_benchmark"

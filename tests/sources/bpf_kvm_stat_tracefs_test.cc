@@ -30,6 +30,7 @@
 #include "../metrics/metrics_text.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "sources/bpf/bpf_kvm_stat.h"
 #include "sources/tracefs_session.h"
 #include "support/run.h"
 
@@ -427,6 +428,45 @@ TEST_F(BpfKvmStatAuto, PicksKvmRunWhereKvmExitNeverFires) {
   EXPECT_NE(r.err.find(pvm_only ? "attached as kvm-run pairing" : "attached as tracepoint pairing"),
             std::string::npos)
       << r.err;
+}
+
+// BpfKvmStat::Detach() stops the counting and Attach() starts it again on the same maps (what
+// bench/kvm_bpf_overhead --interleave switches): a guest run while detached adds nothing, one
+// run after Attach() is counted exit for exit as the VMM counted it.
+using BpfKvmStatReattach = BpfKvmStatEnv;
+TEST_F(BpfKvmStatReattach, DetachedCountsNothingAndAttachCountsAgain) {
+  bpf::BpfKvmOptions o;
+  o.tgid = static_cast<uint32_t>(::getpid());
+  o.follow_children = true;  // the `exitscope run` children below
+  o.access_kinds = 0;
+  auto stat = bpf::BpfKvmStat::Open(o);
+  ASSERT_TRUE(stat) << stat.error().message;
+  // Userspace exits ended (in the maps) and still open (in the in-flight map).
+  const auto exits = [&] {
+    auto snap = (*stat)->Read();
+    EXPECT_TRUE(snap) << snap.error().message;
+    uint64_t n = 0;
+    if (!snap) return n;
+    for (const auto& s : snap->samples)
+      if (s.key.flags & KS_F_USERSPACE) n += s.stats.timed + s.stats.untimed;
+    for (const ks_thread& t : snap->threads) n += t.phase == KS_USER_EXIT;
+    return n;
+  };
+  const std::vector<std::string> guest = {kBin,      "run",         "--guest",   "mmio-storm",
+                                          "--vcpus", "1",           "--no-dump", "--guest-arg",
+                                          "300",     "--serial",    tmp_ + "/serial.txt"};
+  (*stat)->Detach();
+  Ran off = test::Run(guest);
+  ASSERT_EQ(off.status, 0) << off.err;
+  ASSERT_GT(VmmOwn(off.err).exits, 0u) << off.err;
+  EXPECT_EQ(exits(), 0u);
+  ASSERT_TRUE((*stat)->Attach());
+  ASSERT_TRUE((*stat)->Attach());  // attached already: nothing to do
+  Ran on = test::Run(guest);
+  ASSERT_EQ(on.status, 0) << on.err;
+  (*stat)->Detach();
+  ASSERT_GT(VmmOwn(on.err).exits, 0u) << on.err;
+  EXPECT_EQ(exits(), VmmOwn(on.err).exits) << on.err;
 }
 
 INSTANTIATE_TEST_SUITE_P(Pairing, BpfKvmStatTest, ::testing::Values("kvm-run", "tracepoints"),

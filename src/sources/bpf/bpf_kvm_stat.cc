@@ -279,6 +279,28 @@ bool KvmExitNeverFires(std::string* why) {
 struct BpfKvmStat::Impl {
   kvm_stat_bpf* skel = nullptr;
   std::vector<bpf_link*> links;  // in the order Detach() destroys them
+  // What Attach() attaches, in order, and how an error names it ("tp_btf kvm:kvm_fpu").
+  std::vector<std::pair<bpf_program*, std::string>> programs;
+  // Attaches `programs` in order; the first `kvm_programs` links kept in the reverse order
+  // when `reverse` (the kvm-run pairing detaches kvm_userspace_exit first).
+  Status AttachAll() {
+    for (const auto& [prog, what] : programs) {
+      bpf_link* link = bpf_program__attach(prog);
+      if (link == nullptr) {
+        const int err = errno;
+        for (bpf_link* l : links) bpf_link__destroy(l);
+        links.clear();
+        return Fail(err == EPERM || err == EACCES ? ErrorCode::kPermission
+                                                  : ErrorCode::kUnavailable,
+                    fmt::format("cannot attach to {}: {}", what, std::strerror(err)));
+      }
+      links.push_back(link);
+    }
+    if (reverse) std::reverse(links.begin(), links.begin() + static_cast<long>(kvm_programs));
+    return {};
+  }
+  bool reverse = false;
+  size_t kvm_programs = 0;
   int stats_fd = -1;
   // The arrays, mmap()ed read-only: ks_thread_slots, ks_slots, ks_rows.
   struct Mapped {
@@ -475,30 +497,19 @@ Result<std::unique_ptr<BpfKvmStat>> BpfKvmStat::Open(const BpfKvmOptions& option
     }
     if (run && !run_counts(e)) continue;
     const bool btf = run || (use_btf && btf_ok[e]);
-    bpf_link* link = bpf_program__attach(run   ? RunProgramFor(impl->skel, e)
-                                         : btf ? BtfProgramFor(impl->skel, e)
-                                               : ProgramFor(impl->skel, e));
-    if (link == nullptr) {
-      const int err = errno;
-      return Fail(err == EPERM || err == EACCES ? ErrorCode::kPermission : ErrorCode::kUnavailable,
-                  fmt::format("cannot attach to {} kvm:{}: {}", btf ? "tp_btf" : "tracepoint",
-                              kEvents[e], std::strerror(err)));
-    }
-    impl->links.push_back(link);
+    impl->programs.emplace_back(run   ? RunProgramFor(impl->skel, e)
+                                : btf ? BtfProgramFor(impl->skel, e)
+                                      : ProgramFor(impl->skel, e),
+                                fmt::format("{} kvm:{}", btf ? "tp_btf" : "tracepoint", kEvents[e]));
     attached.emplace_back(kEvents[e]);
     (btf ? on_btf : on_tp) += fmt::format(" {}", kEvents[e]);
   }
-  if (run) std::reverse(impl->links.begin(), impl->links.end());  // Detach() order: see above
+  impl->reverse = run;  // Detach() order: see above
+  impl->kvm_programs = impl->programs.size();
   if (cfg.follow_children) {
-    bpf_link* link = bpf_program__attach(impl->skel->progs.ks_fork);
-    if (link == nullptr) {
-      const int err = errno;
-      return Fail(err == EPERM || err == EACCES ? ErrorCode::kPermission : ErrorCode::kUnavailable,
-                  fmt::format("cannot attach to raw tracepoint sched_process_fork: {}",
-                              std::strerror(err)));
-    }
-    impl->links.push_back(link);
+    impl->programs.emplace_back(impl->skel->progs.ks_fork, "raw tracepoint sched_process_fork");
   }
+  if (Status st = impl->AttachAll(); !st) return Propagate(st);
   std::unique_ptr<BpfKvmStat> out(new BpfKvmStat(std::move(impl)));
   out->attached_ = std::move(attached);
   out->missing_ = std::move(missing);
@@ -518,6 +529,11 @@ Result<std::unique_ptr<BpfKvmStat>> BpfKvmStat::Open(const BpfKvmOptions& option
 void BpfKvmStat::Detach() noexcept {
   for (bpf_link* l : impl_->links) bpf_link__destroy(l);
   impl_->links.clear();
+}
+
+Status BpfKvmStat::Attach() {
+  if (!impl_->links.empty()) return {};
+  return impl_->AttachAll();
 }
 
 Status BpfKvmStat::EnableRunTimeStats() {
@@ -639,6 +655,9 @@ Result<BpfKvmSnapshot> BpfKvmStat::Read() const {
   return Fail(ErrorCode::kUnavailable, "built without BPF");
 }
 void BpfKvmStat::Detach() noexcept {}
+Status BpfKvmStat::Attach() {
+  return Fail(ErrorCode::kUnavailable, "built without BPF");
+}
 Status BpfKvmStat::EnableRunTimeStats() {
   return Fail(ErrorCode::kUnavailable, "built without BPF");
 }

@@ -98,6 +98,10 @@ class BpfKvmStat {
   Result<BpfKvmSnapshot> Read() const;
   // Detaches every program: the maps stop changing (call before the final Read()).
   void Detach() noexcept;
+  // Attaches them again after Detach(), in the order Open() did (no-op while attached). Exits
+  // in flight across the gap are paired as the kernel finds them (an end with no start is
+  // not counted); for switching the programs on and off, as bench/kvm_bpf_overhead does.
+  Status Attach();
 
   // The kernel's own accounting of the programs (BPF_ENABLE_STATS): EnableRunTimeStats()
   // turns it on until this object is destroyed (the kernel turns it off again when the last

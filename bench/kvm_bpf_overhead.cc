@@ -209,8 +209,8 @@ class EmptyPrograms {
       const int link =
           static_cast<int>(::syscall(SYS_bpf, BPF_RAW_TRACEPOINT_OPEN, &open, sizeof open));
       if (link < 0) {
-        *why = std::string("BPF_RAW_TRACEPOINT_OPEN ") + kTracepoints[i] + ": " +
-               std::strerror(errno);
+        *why =
+            std::string("BPF_RAW_TRACEPOINT_OPEN ") + kTracepoints[i] + ": " + std::strerror(errno);
         return false;
       }
       links_.push_back(link);
@@ -248,7 +248,6 @@ const char* const kBpfArgs[kModes][6] = {
     {"--bpf-pairing", "tracepoints", "--bpf-attach", "tp_btf", "--event", "vmexit"},
     {"--bpf-pairing", "tracepoints", "--bpf-attach", "tracepoint", "--event", "vmexit"},
 };
-
 
 // ---- --interleave: the watchers switched on and off inside one guest run ----------------
 //
@@ -314,8 +313,7 @@ uint64_t ExitsNow(Vmm& vmm, uint32_t vcpus) {
 }
 
 double NowS() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 struct Spread {
@@ -335,7 +333,8 @@ Spread SpreadOf(std::vector<double> v) {
   for (double x : v) sum += x;
   s.mean = sum / static_cast<double>(v.size());
   for (double x : v) sq += (x - s.mean) * (x - s.mean);
-  if (v.size() > 1) s.se = std::sqrt(sq / static_cast<double>(v.size() - 1) / static_cast<double>(v.size()));
+  if (v.size() > 1)
+    s.se = std::sqrt(sq / static_cast<double>(v.size() - 1) / static_cast<double>(v.size()));
   return s;
 }
 
@@ -377,16 +376,15 @@ int Interleave(double seconds, double window_ms, uint32_t vcpus) {
 
   // The watchers, each set up once and switched off.
   Watcher live;
-  if (!live.Start({kBin, "kvm", "live", "-p", self, "--format", "json", "-d", "3600",
-                   "--cumulative"})) {
+  if (!live.Start(
+          {kBin, "kvm", "live", "-p", self, "--format", "json", "-d", "3600", "--cumulative"})) {
     std::printf("interleave: kvm live did not start\n");
     stop_guest();
     return 1;
   }
   auto tracefs = exitscope::sources::FindTracefs();
   TracefsToggle stream;
-  if (!tracefs ||
-      !stream.Find(*tracefs + "/instances/exitscope-" + std::to_string(live.pid())) ||
+  if (!tracefs || !stream.Find(*tracefs + "/instances/exitscope-" + std::to_string(live.pid())) ||
       !stream.Set(false)) {
     std::printf("interleave: cannot find or switch kvm live's events in its tracefs instance\n");
     live.Stop();
@@ -440,7 +438,8 @@ int Interleave(double seconds, double window_ms, uint32_t vcpus) {
   constexpr size_t kSteps = std::size(kCycle);
   std::printf(
       "interleave: guest mmio-storm, %u vCPU(s), %.0f s, windows of %.0f ms (settle %.0f ms), "
-      "cycle none tracefs none bpf-empty none bpf-clock none bpf-run; kvm live -p %s (%zu events), bpf-run "
+      "cycle none tracefs none bpf-empty none bpf-clock none bpf-run; kvm live -p %s (%zu events), "
+      "bpf-run "
       "%s\n",
       vcpus, seconds, window_ms, window_ms / 5, self.c_str(), stream.count(),
       (*run_stat)->attachment().c_str());
@@ -526,10 +525,10 @@ int Interleave(double seconds, double window_ms, uint32_t vcpus) {
   const Spread st = SpreadOf(cost[kStream]);
   if (report.is_object() && report.contains("pairing") && stream_s > 0) {
     const uint64_t records = report["pairing"]["records_total"].get<uint64_t>();
-    std::printf("interleave tracefs: %llu records in %.1f s of windows (%.0f events/s), lost %llu\n",
-                static_cast<unsigned long long>(records), stream_s,
-                static_cast<double>(records) / stream_s,
-                static_cast<unsigned long long>(report["pairing"]["lost_events"].get<uint64_t>()));
+    std::printf(
+        "interleave tracefs: %llu records in %.1f s of windows (%.0f events/s), lost %llu\n",
+        static_cast<unsigned long long>(records), stream_s, static_cast<double>(records) / stream_s,
+        static_cast<unsigned long long>(report["pairing"]["lost_events"].get<uint64_t>()));
   }
   if (prog_ns_per_exit >= 0) {
     std::printf(
@@ -542,7 +541,8 @@ int Interleave(double seconds, double window_ms, uint32_t vcpus) {
       const Spread k = SpreadOf(cost[w]);
       // The ratio of means, with its standard error from the two s.e.s (first order).
       const double r = k.mean / st.mean;
-      const double r_se = std::fabs(r) * std::sqrt(std::pow(k.se / k.mean, 2) + std::pow(st.se / st.mean, 2));
+      const double r_se =
+          std::fabs(r) * std::sqrt(std::pow(k.se / k.mean, 2) + std::pow(st.se / st.mean, 2));
       std::printf("interleave %s cost / tracefs cost: %.3f (medians), %.3f +- %.3f (means)\n",
                   kNames[w], k.median / st.median, r, r_se);
     }

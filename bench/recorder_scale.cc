@@ -16,7 +16,9 @@
 // the same run, for ratios: --compare dumps the old way (Recorder::Snapshot into a fresh Dump +
 // SerializeDump into a fresh string, in memory: what WriteDump did before), and the floors of
 // this machine: pwrite of as many bytes from one cached block to a new file in the same
-// directory, and memcpy of as many bytes into fresh and into mapped memory. It prints:
+// directory, memcpy of as many bytes into fresh and into mapped memory, and the ring read
+// alone (every record copied out of its seqlock slot on the dump's number of threads, no
+// conversion, coding or file: what any dump must do first). It prints:
 //
 //   records recorded per second (all writers, without a reader and while dumping);
 //   per dump: ms (wall, reader CPU, system, page faults), bytes;
@@ -454,9 +456,9 @@ int main(int argc, char** argv) {
   // dump does before it can code or write anything, and nothing else; on as many threads as
   // WriteDump's automatic choice (or --threads), taking whole vCPUs in turn as it does.
   {
-    const uint32_t n = o.threads != 0 ? o.threads
-                                      : std::clamp<uint32_t>(std::thread::hardware_concurrency(),
-                                                             1, 8);
+    const uint32_t n = o.threads != 0
+                           ? o.threads
+                           : std::clamp<uint32_t>(std::thread::hardware_concurrency(), 1, 8);
     std::atomic<uint32_t> next_vcpu{0};
     std::atomic<uint64_t> sink{0}, copied{0};
     const Timed t = timed([&] {

@@ -452,9 +452,9 @@ TEST_F(BpfKvmStatReattach, DetachedCountsNothingAndAttachCountsAgain) {
     for (const ks_thread& t : snap->threads) n += t.phase == KS_USER_EXIT;
     return n;
   };
-  const std::vector<std::string> guest = {kBin,      "run",         "--guest",   "mmio-storm",
-                                          "--vcpus", "1",           "--no-dump", "--guest-arg",
-                                          "300",     "--serial",    tmp_ + "/serial.txt"};
+  const std::vector<std::string> guest = {kBin,      "run",      "--guest",           "mmio-storm",
+                                          "--vcpus", "1",        "--no-dump",         "--guest-arg",
+                                          "300",     "--serial", tmp_ + "/serial.txt"};
   (*stat)->Detach();
   Ran off = test::Run(guest);
   ASSERT_EQ(off.status, 0) << off.err;

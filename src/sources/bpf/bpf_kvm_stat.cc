@@ -290,9 +290,9 @@ struct BpfKvmStat::Impl {
         const int err = errno;
         for (bpf_link* l : links) bpf_link__destroy(l);
         links.clear();
-        return Fail(err == EPERM || err == EACCES ? ErrorCode::kPermission
-                                                  : ErrorCode::kUnavailable,
-                    fmt::format("cannot attach to {}: {}", what, std::strerror(err)));
+        return Fail(
+            err == EPERM || err == EACCES ? ErrorCode::kPermission : ErrorCode::kUnavailable,
+            fmt::format("cannot attach to {}: {}", what, std::strerror(err)));
       }
       links.push_back(link);
     }
@@ -497,10 +497,11 @@ Result<std::unique_ptr<BpfKvmStat>> BpfKvmStat::Open(const BpfKvmOptions& option
     }
     if (run && !run_counts(e)) continue;
     const bool btf = run || (use_btf && btf_ok[e]);
-    impl->programs.emplace_back(run   ? RunProgramFor(impl->skel, e)
-                                : btf ? BtfProgramFor(impl->skel, e)
-                                      : ProgramFor(impl->skel, e),
-                                fmt::format("{} kvm:{}", btf ? "tp_btf" : "tracepoint", kEvents[e]));
+    impl->programs.emplace_back(
+        run   ? RunProgramFor(impl->skel, e)
+        : btf ? BtfProgramFor(impl->skel, e)
+              : ProgramFor(impl->skel, e),
+        fmt::format("{} kvm:{}", btf ? "tp_btf" : "tracepoint", kEvents[e]));
     attached.emplace_back(kEvents[e]);
     (btf ? on_btf : on_tp) += fmt::format(" {}", kEvents[e]);
   }

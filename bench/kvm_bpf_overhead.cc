@@ -75,19 +75,24 @@ struct RunResult {
   uint64_t exits = 0;
 };
 
-RunResult Guest(uint64_t iterations, int vcpus) {
+// mmio-storm for `iterations` on `vcpus` vCPUs, quiet, no dump.
+VmmConfig Storm(uint64_t iterations, uint32_t vcpus, bool record) {
   VmmConfig c;
   c.guest = "mmio-storm";
   c.guest_arg = iterations;
   c.vcpus = vcpus;
-  c.record = false;
+  c.record = record;
   c.serial_quiet = true;
   c.write_dump = false;
   c.dump_signal = false;
   c.slow_ms = 1000;
   c.log = [](std::string_view) {};
+  return c;
+}
+
+RunResult Guest(uint64_t iterations, int vcpus) {
   RunResult out;
-  auto vmm = Vmm::Create(c);
+  auto vmm = Vmm::Create(Storm(iterations, static_cast<uint32_t>(vcpus), false));
   if (!vmm) {
     std::fprintf(stderr, "kvm_bpf_overhead: %s\n", vmm.error().message.c_str());
     return out;
@@ -341,17 +346,9 @@ Spread SpreadOf(std::vector<double> v) {
 int Interleave(double seconds, double window_ms, uint32_t vcpus) {
   namespace bpf = exitscope::sources::bpf;
   const std::string self = std::to_string(::getpid());
-  VmmConfig c;
-  c.guest = "mmio-storm";
-  c.guest_arg = 1ull << 40;  // runs until stopped
-  c.vcpus = vcpus;
-  c.record = true;  // the ring heads count the exits of each window
+  // Runs until stopped; recorded: the ring heads count the exits of each window.
+  VmmConfig c = Storm(1ull << 40, vcpus, true);
   c.events_per_vcpu = 4096;
-  c.serial_quiet = true;
-  c.write_dump = false;
-  c.dump_signal = false;
-  c.slow_ms = 1000;
-  c.log = [](std::string_view) {};
   auto vmm = Vmm::Create(c);
   if (!vmm) {
     std::fprintf(stderr, "kvm_bpf_overhead: %s\n", vmm.error().message.c_str());

@@ -98,9 +98,10 @@ class BpfKvmStat {
   Result<BpfKvmSnapshot> Read() const;
   // Detaches every program: the maps stop changing (call before the final Read()).
   void Detach() noexcept;
-  // Attaches them again after Detach(), in the order Open() did (no-op while attached). Exits
-  // in flight across the gap are paired as the kernel finds them (an end with no start is
-  // not counted); for switching the programs on and off, as bench/kvm_bpf_overhead does.
+  // Attaches them again after Detach(), in the order Open() did (no-op while attached), to
+  // the same maps: for switching the programs on and off, as bench/kvm_bpf_overhead does. An
+  // exit that started before Detach() and ends after Attach() is timed across the gap; one
+  // that started while detached is not counted.
   Status Attach();
 
   // The kernel's own accounting of the programs (BPF_ENABLE_STATS): EnableRunTimeStats()

@@ -130,13 +130,20 @@ class Watcher {
     }
     ::usleep(1'500'000);  // load / attach / open the tracefs instance before the guest starts
     int st = 0;
-    return ::waitpid(pid_, &st, WNOHANG) == 0;
+    if (::waitpid(pid_, &st, WNOHANG) == 0) return true;
+    pid_ = -1;  // exited (reaped): nothing for Stop() to signal
+    return false;
   }
-  // Stops it (SIGINT: it prints its final report) and returns the report's JSON.
+  // Stops it (SIGINT: it prints its final report) and returns the report's JSON; what it
+  // wrote, if it already exited; null if it was never started.
   nlohmann::json Stop() {
-    ::kill(pid_, SIGINT);
-    int st = 0;
-    ::waitpid(pid_, &st, 0);
+    if (out_fd_ < 0) return nlohmann::json();
+    if (pid_ > 0) {
+      ::kill(pid_, SIGINT);
+      int st = 0;
+      ::waitpid(pid_, &st, 0);
+      pid_ = -1;
+    }
     std::ifstream in(path_);
     std::string line, last;
     while (std::getline(in, line))
@@ -149,6 +156,7 @@ class Watcher {
     stderr_ = ss.str();
     ::close(err_fd_);
     ::unlink(err_path_.c_str());
+    out_fd_ = err_fd_ = -1;
     return last.empty() ? nlohmann::json() : nlohmann::json::parse(last, nullptr, false);
   }
 
@@ -363,39 +371,32 @@ int Interleave(double seconds, double window_ms, uint32_t vcpus) {
     (*vmm)->RequestStop();
     guest.join();
   };
+  Watcher live;
+  // Every failure from here: one line, the watcher and the guest stopped, status 1.
+  auto fail = [&](const std::string& line) {
+    std::printf("interleave: %s\n", line.c_str());
+    live.Stop();
+    stop_guest();
+    return 1;
+  };
   const double boot = NowS();
   while (ExitsNow(**vmm, vcpus) < 1000 && NowS() - boot < 10) ::usleep(10'000);
-  if (ExitsNow(**vmm, vcpus) < 1000) {
-    std::printf("interleave: the guest did not start\n");
-    stop_guest();
-    return 1;
-  }
+  if (ExitsNow(**vmm, vcpus) < 1000) return fail("the guest did not start");
 
   // The watchers, each set up once and switched off.
-  Watcher live;
   if (!live.Start(
           {kBin, "kvm", "live", "-p", self, "--format", "json", "-d", "3600", "--cumulative"})) {
-    std::printf("interleave: kvm live did not start\n");
-    stop_guest();
-    return 1;
+    return fail("kvm live did not start");
   }
   auto tracefs = exitscope::sources::FindTracefs();
   TracefsToggle stream;
   if (!tracefs || !stream.Find(*tracefs + "/instances/exitscope-" + std::to_string(live.pid())) ||
       !stream.Set(false)) {
-    std::printf("interleave: cannot find or switch kvm live's events in its tracefs instance\n");
-    live.Stop();
-    stop_guest();
-    return 1;
+    return fail("cannot find or switch kvm live's events in its tracefs instance");
   }
   EmptyPrograms empty, clock(true);
   std::string why;
-  if (!empty.Attach(&why) || !clock.Attach(&why)) {
-    std::printf("interleave: bpf-empty/bpf-clock: %s\n", why.c_str());
-    live.Stop();
-    stop_guest();
-    return 1;
-  }
+  if (!empty.Attach(&why) || !clock.Attach(&why)) return fail("bpf-empty/bpf-clock: " + why);
   empty.Detach();
   clock.Detach();
   bpf::BpfKvmOptions bo;
@@ -404,12 +405,7 @@ int Interleave(double seconds, double window_ms, uint32_t vcpus) {
   bo.pairing = bpf::BpfPairing::kKvmRun;
   bo.access_kinds = 0;  // `kvm stat --bpf` with its default table (--event vmexit)
   auto run_stat = bpf::BpfKvmStat::Open(bo);
-  if (!run_stat) {
-    std::printf("interleave: bpf-run: %s\n", run_stat.error().message.c_str());
-    live.Stop();
-    stop_guest();
-    return 1;
-  }
+  if (!run_stat) return fail("bpf-run: " + run_stat.error().message);
   (*run_stat)->Detach();
 
   enum Which { kOff = 0, kStream, kEmpty, kClock, kRun, kWhich };
@@ -436,8 +432,7 @@ int Interleave(double seconds, double window_ms, uint32_t vcpus) {
   std::printf(
       "interleave: guest mmio-storm, %u vCPU(s), %.0f s, windows of %.0f ms (settle %.0f ms), "
       "cycle none tracefs none bpf-empty none bpf-clock none bpf-run; kvm live -p %s (%zu events), "
-      "bpf-run "
-      "%s\n",
+      "bpf-run %s\n",
       vcpus, seconds, window_ms, window_ms / 5, self.c_str(), stream.count(),
       (*run_stat)->attachment().c_str());
   std::fflush(stdout);
@@ -450,11 +445,8 @@ int Interleave(double seconds, double window_ms, uint32_t vcpus) {
     const Which w = kCycle[i % kSteps];
     if (w != on) {
       if (!set(on, false) || !set(w, true)) {
-        std::printf("interleave: cannot switch %s on: %s\n", kNames[w], why.c_str());
         set(on, false);
-        live.Stop();
-        stop_guest();
-        return 1;
+        return fail(std::string("cannot switch ") + kNames[w] + " on: " + why);
       }
       on = w;
     }
@@ -465,11 +457,8 @@ int Interleave(double seconds, double window_ms, uint32_t vcpus) {
     const uint64_t e1 = ExitsNow(**vmm, vcpus);
     const double t1 = NowS();
     if (e1 == e0) {
-      std::printf("interleave: no exit in a %s window\n", kNames[w]);
       set(on, false);
-      live.Stop();
-      stop_guest();
-      return 1;
+      return fail(std::string("no exit in a ") + kNames[w] + " window");
     }
     window_ns.push_back((t1 - t0) * 1e9 / static_cast<double>(e1 - e0));
     window_mode.push_back(w);
@@ -500,7 +489,7 @@ int Interleave(double seconds, double window_ms, uint32_t vcpus) {
   }
 
   // Pair every watcher window with the `none` windows on either side.
-  std::vector<double> none_ns, abs_ns[kWhich], cost[kWhich];
+  std::vector<double> abs_ns[kWhich], cost[kWhich];
   for (size_t i = 0; i < window_ns.size(); ++i) {
     const Which w = window_mode[i];
     abs_ns[w].push_back(window_ns[i]);
@@ -561,8 +550,11 @@ int main(int argc, char** argv) {
         i + 1 < argc) {
       char* end = nullptr;
       const double v = std::strtod(argv[++i], &end);
-      if (end == argv[i] || *end != '\0' || !std::isfinite(v) || v < 1 || v > 1e9) {
-        std::fprintf(stderr, "kvm_bpf_overhead: %s must be a number from 1 to 1e9\n", a.c_str());
+      const bool whole = a != "--interleave" && a != "--window-ms";
+      if (end == argv[i] || *end != '\0' || !std::isfinite(v) || v < 1 || v > 1e9 ||
+          (whole && v != std::floor(v))) {
+        std::fprintf(stderr, "kvm_bpf_overhead: %s must be a %s from 1 to 1e9\n", a.c_str(),
+                     whole ? "whole number" : "number");
         return 2;
       }
       if (a == "--rounds")

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "base/output_file.h"
 #include "exitscope/dump.h"
 #include "exitscope/recorder.h"
 #include "report/html_report.h"
@@ -140,7 +141,7 @@ int main(int argc, char** argv) {
     times.push_back(Now() - t);
   }
   std::sort(times.begin(), times.end());
-  if (Status s = report::WriteOutputFile(html_path, html); !s) {
+  if (Status s = base::WriteOutputFile(html_path, html); !s) {
     std::fprintf(stderr, "html_report_scale: %s\n", s.error().message.c_str());
     return 1;
   }

@@ -13,18 +13,6 @@ void AddSat(uint64_t& sum, uint64_t v) {
   if (__builtin_add_overflow(sum, v, &sum)) sum = UINT64_MAX;
 }
 
-// The builder, then `also`.
-class Both final : public EventSink {
- public:
-  Both(EventSink* a, EventSink* b) : a_(a), b_(b) {}
-  void OnExit(const ExitEvent& e) override { a_->OnExit(e), b_->OnExit(e); }
-  void OnDeviceEvent(const DeviceEvent& e) override { a_->OnDeviceEvent(e), b_->OnDeviceEvent(e); }
-  void OnFinding(const Finding& f) override { a_->OnFinding(f), b_->OnFinding(f); }
-
- private:
-  EventSink *a_, *b_;
-};
-
 }  // namespace
 
 ExitSummaryBuilder::ExitSummaryBuilder(SummaryFilter filter) : filter_(std::move(filter)) {}
@@ -132,7 +120,7 @@ ExitSummary Summarize(const Dump& dump, const SummaryFilter& filter, EventSink* 
   ExitSummaryBuilder builder(filter);
   {
     sources::DumpSource source(dump);
-    Both both(&builder, also);
+    TeeSink both({&builder, also});
     source.Emit(also != nullptr ? static_cast<EventSink*>(&both) : &builder);
   }
   ExitSummary s = builder.Finish();

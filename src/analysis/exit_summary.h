@@ -23,11 +23,14 @@
 #include <vector>
 
 #include "analysis/exit_table.h"
-#include "analysis/histogram.h"
+#include "base/histogram.h"
 #include "exitscope/dump.h"
 #include "sources/event.h"
 
 namespace exitscope::analysis {
+
+using base::LatencyHistogram;  // base/histogram.h
+using base::LatencyStats;
 
 struct SummaryFilter {
   std::optional<uint32_t> vcpu;       // only this vCPU

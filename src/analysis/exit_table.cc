@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <charconv>
 
-#include "recorder/text.h"
+#include "base/text.h"
 
 namespace exitscope::analysis {
 namespace {
 
-using internal::Hex;  // the one Hex(): "0x1f", "0x0"
+using base::Hex;  // the one Hex(): "0x1f", "0x0"
 
 bool HasTarget(const ExitEvent& e) {
   return e.subkey_kind == SubKeyKind::kPort || e.subkey_kind == SubKeyKind::kMmio;

@@ -27,10 +27,13 @@
 #include <utility>
 #include <vector>
 
-#include "analysis/histogram.h"
+#include "base/histogram.h"
 #include "sources/event.h"
 
 namespace exitscope::analysis {
+
+using base::LatencyHistogram;  // base/histogram.h
+using base::LatencyStats;
 
 // One key's row.
 struct ExitRow {

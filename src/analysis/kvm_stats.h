@@ -37,10 +37,13 @@
 #include <vector>
 
 #include "analysis/exit_table.h"
-#include "analysis/histogram.h"
+#include "base/histogram.h"
 #include "sources/event.h"
 
 namespace exitscope::analysis {
+
+using base::LatencyHistogram;  // base/histogram.h
+using base::LatencyStats;
 
 enum class KvmEventClass : uint8_t { kVmexit = 0, kUserspace, kIoport, kMmio, kMsr, kHypercall };
 std::string_view ToString(KvmEventClass c) noexcept;

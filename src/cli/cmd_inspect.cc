@@ -77,7 +77,7 @@ int InspectMain(int argc, char** argv) {
     auto out = html ? report::RenderJointHtml(*dump, jo)
                     : report::RenderJointViewOfFiles(*dump, jo, format == "json");
     if (!out) return ReportError("exitscope inspect", out.error());
-    if (Status s = report::WriteOutputFile(output, *out); !s)
+    if (Status s = WriteOutput(output, *out); !s)
       return ReportError("exitscope inspect", s.error());
     return 0;
   }
@@ -110,8 +110,7 @@ int InspectMain(int argc, char** argv) {
   try {
     const std::string out =
         html ? report::RenderExitHealthHtml(*dump, o) : report::ExitHealthReport(*dump, o);
-    if (Status s = report::WriteOutputFile(output, out); !s)
-      return ReportError("exitscope inspect", s.error());
+    if (Status s = WriteOutput(output, out); !s) return ReportError("exitscope inspect", s.error());
   } catch (const std::exception& e) {  // never an abort: one line naming the input
     std::fprintf(stderr, "exitscope inspect: %s: cannot render the report: %s\n", path.c_str(),
                  e.what());

@@ -75,7 +75,7 @@ int JointMain(const char* self, const std::string& input, const std::string& dum
   auto out = format == "html" ? report::RenderJointHtml(*dump, jo)
                               : report::RenderJointViewOfFiles(*dump, jo, format == "json");
   if (!out) return ReportError(self, out.error());
-  if (Status s = report::WriteOutputFile(output, *out); !s) return ReportError(self, s.error());
+  if (Status s = WriteOutput(output, *out); !s) return ReportError(self, s.error());
   return 0;
 }
 
@@ -163,7 +163,7 @@ int ReportMain(int argc, char** argv) {
   report::HtmlExitCollector exits(
       [slow_ns](const ExitEvent& e) { return slow_ns != 0 && e.duration_ns >= slow_ns; },
       [&agg](const ExitEvent& e) { return agg.Counts(e); }, /*group_targets=*/true);
-  report::TeeSink tee({&agg, &exits});
+  TeeSink tee({&agg, &exits});
   sources::KvmPairer pairer(popts, format == "html" ? static_cast<EventSink*>(&tee) : &agg);
   if (Status s = (*in)->ReadAll(&pairer); !s) return ReportError(self, s.error());
   agg.Finish();
@@ -192,7 +192,7 @@ int ReportMain(int argc, char** argv) {
     out = report::RenderKvmCsv(agg.analysis(), ctx, ropts);
   else
     out = report::RenderKvmTable(agg.analysis(), ctx, ropts);
-  if (Status s = report::WriteOutputFile(output, out); !s) return ReportError(self, s.error());
+  if (Status s = WriteOutput(output, out); !s) return ReportError(self, s.error());
   return 0;
 }
 

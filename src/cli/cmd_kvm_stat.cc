@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "analysis/bpf_kvm_rows.h"
 #include "analysis/kvm_stats.h"
 #include "cli/commands.h"
 #include "cli/gated_child.h"
@@ -40,7 +41,6 @@
 #include "fmt/format.h"
 #include "report/format.h"
 #include "report/kvm_report.h"
-#include "sources/bpf/bpf_kvm_rows.h"
 #include "sources/bpf/bpf_kvm_stat.h"
 #include "sources/kvm_device_map.h"
 #include "sources/kvm_pairing.h"
@@ -137,7 +137,7 @@ void StopChild(StatRun& run) {
 // --bpf: the in-kernel aggregation.
 int RunBpf(StatRun& run, sources::bpf::BpfKvmStat& bpf) {
   const std::string& format = run.flags.format;
-  sources::bpf::BpfKvmRowOptions bo;
+  analysis::BpfKvmRowOptions bo;
   bo.analysis = run.aopts;
   bo.pvm = run.popts.pvm;
   bo.devices = run.popts.devices;
@@ -150,7 +150,7 @@ int RunBpf(StatRun& run, sources::bpf::BpfKvmStat& bpf) {
   int refresh = 0;
   auto print = [&](const sources::bpf::BpfKvmSnapshot& snap, bool final_one) {
     bo.final = final_one;
-    sources::bpf::BpfKvmRows rows = sources::bpf::BuildBpfKvmRows(snap, bo);
+    analysis::BpfKvmRows rows = analysis::BuildBpfKvmRows(snap, bo);
     ctx.pairing = &rows.pairing;
     ++refresh;
     std::string out;
@@ -171,7 +171,7 @@ int RunBpf(StatRun& run, sources::bpf::BpfKvmStat& bpf) {
     if (format == "table" && !final_one && !rows.in_flight.empty()) {
       out += fmt::format("\nIn flight now: {} exits (the vCPU has not re-entered the guest):\n",
                          rows.in_flight.size());
-      for (const sources::bpf::BpfKvmInFlight& f : rows.in_flight) {
+      for (const analysis::BpfKvmInFlight& f : rows.in_flight) {
         out += fmt::format("  VM {} vCPU {} (tid {}): {} {}{} inside for {:.3f} ms\n", f.exit.vm,
                            f.exit.vcpu, f.exit.tid, f.exit.reason, f.exit.key,
                            f.exit.device.empty() ? "" : " (" + f.exit.device + ")",

@@ -24,6 +24,7 @@
 #include "exitscope/dump.h"
 #include "report/timeline.h"
 #include "sources/dump_source.h"
+#include "sources/input_format.h"
 #include "sources/kvm_device_map.h"
 #include "sources/kvm_input.h"
 #include "sources/kvm_pairing.h"
@@ -32,17 +33,11 @@ namespace exitscope::cli {
 namespace {
 
 constexpr const char* kSelf = "exitscope timeline";
-// Whether `path` starts with the dump magic; kNotFound / kIo naming the file otherwise.
+// Whether `path` is a recorder dump (sources/input_format.h); the error names the file.
 Result<bool> IsDump(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) {
-    return Fail(errno == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo,
-                fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
-  }
-  char magic[8] = {};
-  const size_t n = std::fread(magic, 1, sizeof magic, f);
-  std::fclose(f);
-  return n == sizeof magic && std::memcmp(magic, "EXSCDUMP", sizeof magic) == 0;
+  auto format = sources::SniffInputFile(path);
+  if (!format) return Propagate(format);
+  return *format == sources::InputFormat::kDump;
 }
 
 int Summary(const report::TimelineStats& st, const std::string& out_path) {

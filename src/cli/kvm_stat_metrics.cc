@@ -8,7 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "analysis/histogram.h"
+#include "base/histogram.h"
 #include "exitscope/metrics.h"
 #include "metrics/exit_metrics.h"
 #include "prometheus/collectable.h"
@@ -28,7 +28,7 @@ struct KvmStatMetrics::State final : prometheus::Collectable {
   mutable std::mutex mu;
   mutable metrics::ExitMetrics m;
   const sources::bpf::BpfKvmStat* bpf = nullptr;
-  sources::bpf::BpfKvmRowOptions rows;
+  analysis::BpfKvmRowOptions rows;
   bool have_map = false;
   // Per map key (its bytes): the Prometheus bucket counts and the sum folded in so far.
   struct Folded {
@@ -45,11 +45,11 @@ struct KvmStatMetrics::State final : prometheus::Collectable {
 void KvmStatMetrics::State::Fold() const {
   auto snap = bpf->Read();
   if (!snap) return;  // the page shows the previous read
-  using analysis::LatencyHistogram;
+  using base::LatencyHistogram;
   const size_t nb = bounds_ns.size() + 1;  // + Inf
   std::vector<uint64_t> now(nb);
   std::vector<double> inc(nb);
-  sources::bpf::ForEachBpfKvmExit(
+  analysis::ForEachBpfKvmExit(
       *snap, rows, [&](const ExitEvent& e, const sources::bpf::BpfKvmSample& s) {
         if (e.kernel_access || s.stats.timed == 0) return;
         std::fill(now.begin(), now.end(), 0);
@@ -85,7 +85,7 @@ void KvmStatMetrics::State::Fold() const {
       });
   // Exits in flight: how long each vCPU thread has been inside its current exit (0 when in
   // the guest). Threads are numbered as the rows number them.
-  const sources::bpf::BpfKvmRows r = sources::bpf::BuildBpfKvmRows(*snap, rows);
+  const analysis::BpfKvmRows r = analysis::BuildBpfKvmRows(*snap, rows);
   std::map<uint64_t, double> inside;  // (vm << 32 | vcpu) -> seconds
   for (const auto& f : r.in_flight) {
     inside[(uint64_t{f.exit.vm} << 32) | f.exit.vcpu] = static_cast<double>(f.inside_ns) * 1e-9;
@@ -101,7 +101,7 @@ void KvmStatMetrics::State::Fold() const {
 
 Result<std::unique_ptr<KvmStatMetrics>> KvmStatMetrics::Start(
     const std::string& listen, const sources::bpf::BpfKvmStat* bpf,
-    const sources::bpf::BpfKvmRowOptions& rows, bool have_device_map) {
+    const analysis::BpfKvmRowOptions& rows, bool have_device_map) {
   auto addr = ParseMetricsListen(listen);
   if (!addr) return Propagate(addr);
   std::unique_ptr<KvmStatMetrics> k(new KvmStatMetrics());

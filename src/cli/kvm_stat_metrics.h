@@ -16,8 +16,8 @@
 #include <memory>
 #include <string>
 
+#include "analysis/bpf_kvm_rows.h"
 #include "exitscope/status.h"
-#include "sources/bpf/bpf_kvm_rows.h"
 #include "sources/bpf/bpf_kvm_stat.h"
 
 namespace exitscope::cli {
@@ -27,7 +27,7 @@ class KvmStatMetrics {
   // `listen` as ParseMetricsListen accepts. `bpf` must outlive the returned object.
   static Result<std::unique_ptr<KvmStatMetrics>> Start(const std::string& listen,
                                                        const sources::bpf::BpfKvmStat* bpf,
-                                                       const sources::bpf::BpfKvmRowOptions& rows,
+                                                       const analysis::BpfKvmRowOptions& rows,
                                                        bool have_device_map);
   // Stops the listener: no scrape reads the maps past this point.
   ~KvmStatMetrics();

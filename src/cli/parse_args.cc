@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "base/output_file.h"
+
 namespace exitscope::cli {
 
 std::optional<int> ParseArgs(CLI::App& app, int argc, char** argv) {
@@ -38,6 +40,11 @@ int ExitStatusFor(ErrorCode code) noexcept {
       return 1;
   }
   return 1;
+}
+
+Status WriteOutput(const std::string& path, std::string_view text) {
+  const std::string p = path.empty() ? "-" : path;
+  return base::WriteOutputFile(p, text, {.label = "-o " + p, .what = "a report"});
 }
 
 int ReportError(const char* self, const Error& e) {

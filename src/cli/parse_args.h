@@ -4,6 +4,7 @@
 #pragma once
 
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "CLI/CLI.hpp"
@@ -26,6 +27,11 @@ int ExitStatusFor(ErrorCode code) noexcept;
 int ReportError(const char* self, const Error& e);
 // Prints "<self>: <what>" on stderr and returns 2.
 int UsageError(const char* self, std::string_view what);
+
+// Writes a command's output (-o PATH) by the one output rule (base/output_file.h): "" or "-"
+// is stdout; otherwise a new file renamed over PATH, which must be absent or a regular file
+// (not a symlink, device, FIFO or directory). Errors name "-o PATH".
+Status WriteOutput(const std::string& path, std::string_view text);
 
 // Validators for numeric flags. CLI11's own NonNegativeNumber / PositiveNumber let NaN
 // through (every comparison with NaN is false) and unsigned targets wrap "-5" around, so

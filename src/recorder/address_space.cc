@@ -3,12 +3,12 @@
 
 #include <algorithm>
 
-#include "recorder/text.h"
+#include "base/text.h"
 
 namespace exitscope {
 namespace {
 
-using internal::Hex;
+using base::Hex;
 
 bool ValidDeviceName(std::string_view n) {
   if (n.empty() || n.size() > 63) return false;

@@ -16,6 +16,7 @@
 #include <thread>
 #include <type_traits>
 
+#include "base/output_file.h"
 #include "exitscope/dump.h"
 #include "exitscope/status.h"
 #include "recorder/dump_format.h"
@@ -60,30 +61,13 @@ inline DumpExit ForFile(const DumpExit& e, bool guest_data) noexcept {
   return f;
 }
 
-// A dump file being written: a new temporary file beside `path` (O_EXCL, never through a
-// symlink) renamed over it by Commit after fsync. Refuses a `path` that exists and is not a
-// regular file (device node, FIFO, directory, symlink). Destroyed uncommitted, the temporary
-// file is removed and `path` is untouched.
-class DumpFile {
- public:
-  DumpFile() = default;
-  ~DumpFile();
-  DumpFile(const DumpFile&) = delete;
-  DumpFile& operator=(const DumpFile&) = delete;
-
-  Status Open(const std::string& path);
-  // Writes all of [data, data + n) at `offset` (pwrite, retried on short writes and EINTR).
-  // Several threads may write at once (disjoint ranges); a failure leaves the file open for
-  // them, and the destructor removes it.
-  Status WriteAt(const void* data, size_t n, uint64_t offset);
-  Status Commit();
-  const std::string& path() const noexcept { return path_; }
-
- private:
-  Status IoError(const char* what, int err);
-  std::string path_, tmp_;
-  int fd_ = -1;
-};
+// A dump file being written: base::OutputFile's rule (a new temporary file beside `path`
+// renamed over it by Commit after fsync; only a regular file is replaced; destroyed uncommitted,
+// the temporary file is removed and `path` is untouched). Open it with DumpFileOptions().
+using DumpFile = base::OutputFile;
+inline base::OutputOptions DumpFileOptions() {
+  return {.what = "a dump", .follow_symlink = false, .allow_stdout = false};
+}
 
 // The exits section on its way to a DumpFile: Add codes each record (exit_codec.h) into a
 // block that stays in cache, and each full block is checksummed there and handed to a writer

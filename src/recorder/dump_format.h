@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "recorder/crc32.h"
+#include "base/crc32.h"
 
 namespace exitscope::internal {
 
@@ -58,7 +58,7 @@ inline const char* SectionName(uint32_t id) {
 // CRC-32 (IEEE, as zlib's crc32) of a whole section or header (crc32.h: PCLMULQDQ when the
 // CPU has it).
 inline uint32_t Crc32(std::string_view data) {
-  return Crc32Of(data);
+  return base::Crc32Of(data);
 }
 
 }  // namespace exitscope::internal

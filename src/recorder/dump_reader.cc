@@ -12,11 +12,11 @@
 #include <tuple>
 #include <vector>
 
+#include "base/file_read.h"
+#include "base/text.h"
 #include "exitscope/dump.h"
 #include "recorder/dump_format.h"
 #include "recorder/exit_codec.h"
-#include "recorder/file_read.h"
-#include "recorder/text.h"
 
 namespace exitscope {
 
@@ -189,13 +189,13 @@ Result<Dump> ParseDump(std::string_view bytes, std::string_view origin) {
     std::memset(hdr.data() + 36, 0, 4);
     const uint32_t c = Crc32(hdr);
     if (c != header_crc) {
-      return corrupt("header checksum mismatch (stored " + Hex(header_crc) + ", computed " +
-                     Hex(c) + ")");
+      return corrupt("header checksum mismatch (stored " + base::Hex(header_crc) + ", computed " +
+                     base::Hex(c) + ")");
     }
   }
   if (header_size != kHeaderSize)
     return corrupt("header size " + std::to_string(header_size) + " is not 64");
-  if ((flags & ~kFlagGuestData) != 0) return corrupt("unknown header flags " + Hex(flags));
+  if ((flags & ~kFlagGuestData) != 0) return corrupt("unknown header flags " + base::Hex(flags));
   if (nsec > 1024) return corrupt("section count " + std::to_string(nsec) + " is implausible");
   const uint64_t table_end = kHeaderSize + static_cast<uint64_t>(nsec) * kSectionEntrySize;
   if (bytes.size() < table_end) {
@@ -230,8 +230,8 @@ Result<Dump> ParseDump(std::string_view bytes, std::string_view origin) {
     const std::string_view data = bytes.substr(off, len);
     const uint32_t c = Crc32(data);
     if (c != crc) {
-      return corrupt("section '" + std::string(name) + "' checksum mismatch (stored " + Hex(crc) +
-                     ", computed " + Hex(c) + ")");
+      return corrupt("section '" + std::string(name) + "' checksum mismatch (stored " +
+                     base::Hex(crc) + ", computed " + base::Hex(c) + ")");
     }
     for (const auto& [other_off, other_len, other_name] : extents) {
       if (len != 0 && other_len != 0 && off < other_off + other_len && other_off < off + len) {
@@ -599,7 +599,7 @@ Result<Dump> ParseDump(std::string_view bytes, std::string_view origin) {
                            "; ignored (the dump's times are already in ns)");
     d.clock.ns_per_tick = 0;
   }
-  auto utf8 = [&](const std::string& str) { issues.bad_utf8 += internal::IsUtf8(str) ? 0 : 1; };
+  auto utf8 = [&](const std::string& str) { issues.bad_utf8 += base::IsUtf8(str) ? 0 : 1; };
   utf8(d.process.comm);
   for (const std::string& a : d.process.argv) utf8(a);
   for (const std::string* h : {&d.host.sysname, &d.host.nodename, &d.host.release, &d.host.version,
@@ -665,7 +665,7 @@ Result<Dump> ParseDump(std::string_view bytes, std::string_view origin) {
 Result<Dump> ReadDump(const std::string& path) {
   // Size checks come before any read: a device (/dev/zero), FIFO or directory has no size to
   // trust, and a regular file larger than any dump is refused without reading it.
-  auto bytes = internal::ReadBoundedFile(path, kMaxDumpFileBytes, "dump", ErrorCode::kCorrupt);
+  auto bytes = base::ReadBoundedFile(path, kMaxDumpFileBytes, "dump", ErrorCode::kCorrupt);
   if (!bytes) return Propagate(bytes);
   return ParseDump(*bytes, path);
 }

@@ -43,8 +43,8 @@
 #include <thread>
 #include <vector>
 
+#include "base/crc32.h"
 #include "exitscope/recorder.h"
-#include "recorder/crc32.h"
 #include "recorder/dump_file.h"
 #include "recorder/exit_convert.h"
 #include "recorder/recorder_impl.h"
@@ -92,7 +92,7 @@ class ExitsInOrder {
     cv_.wait(lock, [&] { return placed_ == v; });
     const uint64_t off = next_offset_;
     next_offset_ += n;
-    crc_ = internal::Crc32Combine(crc_, crc, n);
+    crc_ = base::Crc32Combine(crc_, crc, n);
     bytes_ += n;
     ++placed_;
     lock.unlock();
@@ -126,7 +126,7 @@ Status Recorder::WriteDump(const std::string& path, const DumpOptions& options) 
   bool fallback = false;
   {
     internal::DumpFile f;
-    EXITSCOPE_RETURN_IF_ERROR(f.Open(path));
+    EXITSCOPE_RETURN_IF_ERROR(f.Open(path, internal::DumpFileOptions()));
     Dump d;  // everything but the exits
     std::map<const RegisterMap*, uint32_t> map_index;
     std::mutex maps_mu;  // d.maps and map_index, once the coding threads run
@@ -219,7 +219,7 @@ Status Recorder::WriteDump(const std::string& path, const DumpOptions& options) 
               std::lock_guard<std::mutex> lock(maps_mu);
               if (d.maps.size() != maps_known) maps_grew.store(true, std::memory_order_relaxed);
             }
-            crc = internal::Crc32Extend(0, coded.data(), coded.size());
+            crc = base::Crc32Extend(0, coded.data(), coded.size());
           } catch (const std::exception& e) {  // memory, most likely (std::bad_alloc)
             placed.Fail(Fail(ErrorCode::kInternal,
                              f.path() + ": coding vCPU " + std::to_string(v) + ": " + e.what()));
@@ -266,11 +266,11 @@ Status Recorder::WriteDump(const std::string& path, const DumpOptions& options) 
       for (int i = 0; i < 8; ++i) count[i] = static_cast<char>(total >> (8 * i));
       EXITSCOPE_RETURN_IF_ERROR(f.WriteAt(count, 8, layout.offset[kExits]));
       crc[kExits] =
-          internal::Crc32Combine(internal::Crc32Extend(0, count, 8), placed.crc(), placed.bytes());
+          base::Crc32Combine(base::Crc32Extend(0, count, 8), placed.crc(), placed.bytes());
       internal::SetExitsSize(&fin, 8 + placed.bytes());
       for (uint32_t id = 1; id <= kSectionCount; ++id) {
         if (id == kExits) continue;
-        crc[id] = internal::Crc32Of(fin.bytes[id]);
+        crc[id] = base::Crc32Of(fin.bytes[id]);
         EXITSCOPE_RETURN_IF_ERROR(
             f.WriteAt(fin.bytes[id].data(), fin.bytes[id].size(), fin.offset[id]));
       }

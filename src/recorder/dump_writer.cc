@@ -14,8 +14,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include "base/crc32.h"
 #include "exitscope/dump.h"
-#include "recorder/crc32.h"
 #include "recorder/dump_file.h"
 #include "recorder/dump_format.h"
 #include "recorder/exit_codec.h"
@@ -299,10 +299,10 @@ std::string HeaderAndTable(const DumpSections& s, const uint32_t (&crc)[kSection
   h.U32(s.guest ? kFlagGuestData : 0);
   h.U32(kSectionCount);
   h.U64(s.file_size);
-  h.U32(Crc32Of(table.buf()));
+  h.U32(base::Crc32Of(table.buf()));
   h.U32(0);  // header crc, patched below
   h.buf().resize(kHeaderSize, '\0');
-  PutLe(h.buf().data() + 36, Crc32Of(h.buf()), 4);
+  PutLe(h.buf().data() + 36, base::Crc32Of(h.buf()), 4);
   return h.buf() + table.buf();
 }
 
@@ -357,7 +357,7 @@ void SerializeInto(const Dump& d, const DumpOptions& opts, std::string* out, boo
     for (uint32_t id = 1; id <= kSectionCount; ++id) {
       const std::string& b = id == kExits ? x : s.bytes[id];
       if (!b.empty()) std::memcpy(p + s.offset[id], b.data(), b.size());
-      crc[id] = Crc32Of(b);
+      crc[id] = base::Crc32Of(b);
     }
     const std::string head = HeaderAndTable(s, crc);
     std::memcpy(p, head.data(), head.size());
@@ -370,90 +370,6 @@ void SerializeInto(const Dump& d, const DumpOptions& opts, std::string* out, boo
 // ---- Dump files --------------------------------------------------------------------------
 
 namespace internal {
-
-DumpFile::~DumpFile() {
-  if (fd_ >= 0) {
-    close(fd_);
-    unlink(tmp_.c_str());
-  }
-}
-
-Status DumpFile::IoError(const char* what, int err) {
-  close(fd_);
-  fd_ = -1;
-  unlink(tmp_.c_str());
-  return Fail(ErrorCode::kIo, path_ + ": " + what + " failed: " + std::strerror(err));
-}
-
-Status DumpFile::Open(const std::string& path) {
-  path_ = path;
-  // Never replace anything but a regular file: not a device node (/dev/null, /dev/full), FIFO,
-  // socket, directory, nor a symlink (lstat does not follow it; rename would replace the link).
-  struct stat st;
-  if (lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
-    const char* what = S_ISLNK(st.st_mode)    ? "a symlink"
-                       : S_ISCHR(st.st_mode)  ? "a character device"
-                       : S_ISBLK(st.st_mode)  ? "a block device"
-                       : S_ISDIR(st.st_mode)  ? "a directory"
-                       : S_ISFIFO(st.st_mode) ? "a FIFO"
-                                              : "not a regular file";
-    return Fail(ErrorCode::kInvalidArgument,
-                path + ": exists and is " + what + "; a dump only replaces a regular file");
-  }
-  // The temporary file is new (O_EXCL) and opened without following a symlink planted at its
-  // name; it lives beside `path` so that rename() is atomic.
-  tmp_ = path + ".tmp." + std::to_string(getpid());
-  int fd = open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0640);
-  if (fd < 0 && errno == EEXIST) {
-    // Left behind by a killed writer with our pid: remove it only if it is a regular file.
-    if (lstat(tmp_.c_str(), &st) == 0 && S_ISREG(st.st_mode) && unlink(tmp_.c_str()) == 0) {
-      fd = open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0640);
-    } else {
-      errno = EEXIST;
-    }
-  }
-  if (fd < 0) return Fail(ErrorCode::kIo, path + ": cannot create: " + std::strerror(errno));
-  fd_ = fd;
-  return {};
-}
-
-Status DumpFile::WriteAt(const void* data, size_t n, uint64_t offset) {
-  if (fd_ < 0) return Fail(ErrorCode::kIo, path_ + ": write failed: file not open");
-  const char* p = static_cast<const char*>(data);
-  size_t done = 0;
-  while (done < n) {
-    const ssize_t w = pwrite(fd_, p + done, n - done, static_cast<off_t>(offset + done));
-    if (w < 0 && errno == EINTR) continue;
-    // Not IoError: other threads may be writing (the file is closed and removed by the
-    // destructor, the dump being failed).
-    if (w <= 0) {
-      return Fail(ErrorCode::kIo,
-                  path_ + ": write failed: " + std::strerror(w == 0 ? ENOSPC : errno));
-    }
-    done += static_cast<size_t>(w);
-  }
-  return {};
-}
-
-Status DumpFile::Commit() {
-  if (fd_ < 0) return Fail(ErrorCode::kIo, path_ + ": write failed: file not open");
-  if (fsync(fd_) != 0 && errno != EINVAL) return IoError("fsync", errno);
-  close(fd_);
-  fd_ = -1;
-  // Checked again just before the rename: the path may have changed since the first check.
-  struct stat st;
-  if (lstat(path_.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
-    unlink(tmp_.c_str());
-    return Fail(ErrorCode::kInvalidArgument,
-                path_ + ": exists and is not a regular file; a dump only replaces a regular file");
-  }
-  if (rename(tmp_.c_str(), path_.c_str()) != 0) {
-    const int err = errno;
-    unlink(tmp_.c_str());
-    return Fail(ErrorCode::kIo, path_ + ": rename failed: " + std::strerror(err));
-  }
-  return {};
-}
 
 ExitStream::ExitStream(DumpFile* file, uint64_t section_offset)
     : file_(file),
@@ -505,7 +421,7 @@ void ExitStream::Flush() noexcept {
   flushed_ += bytes;
   in_block_ = 0;
   if (bytes == 0) return;
-  crc_ = Crc32Extend(crc_, block_.get(), bytes);
+  crc_ = base::Crc32Extend(crc_, block_.get(), bytes);
   if (!writer_.joinable()) {
     if (status_) status_ = file_->WriteAt(block_.get(), bytes, offset);
     return;
@@ -528,7 +444,7 @@ Status ExitStream::Finish(uint32_t* crc, uint64_t* bytes) {
   if (!status_) return status_;
   char count[8];
   PutLe(count, records_, 8);
-  *crc = Crc32Combine(Crc32Extend(0, count, 8), crc_, flushed_);
+  *crc = base::Crc32Combine(base::Crc32Extend(0, count, 8), crc_, flushed_);
   *bytes = 8 + flushed_;
   return file_->WriteAt(count, 8, section_offset_);
 }
@@ -553,7 +469,7 @@ Status WriteSections(const Dump& d, const DumpOptions& opts, DumpFile* f) {
   SetExitsSize(&s, bytes);
   for (uint32_t id = 1; id <= kSectionCount; ++id) {
     if (id == kExits) continue;
-    crc[id] = Crc32Of(s.bytes[id]);
+    crc[id] = base::Crc32Of(s.bytes[id]);
     EXITSCOPE_RETURN_IF_ERROR(f->WriteAt(s.bytes[id].data(), s.bytes[id].size(), s.offset[id]));
   }
   const std::string head = HeaderAndTable(s, crc);
@@ -564,7 +480,7 @@ Status WriteSections(const Dump& d, const DumpOptions& opts, DumpFile* f) {
 
 Status WriteDumpFile(const Dump& dump, const std::string& path, const DumpOptions& opts) {
   DumpFile f;
-  EXITSCOPE_RETURN_IF_ERROR(f.Open(path));
+  EXITSCOPE_RETURN_IF_ERROR(f.Open(path, DumpFileOptions()));
   EXITSCOPE_RETURN_IF_ERROR(WriteSections(dump, opts, &f));
   return f.Commit();
 }

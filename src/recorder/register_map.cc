@@ -14,14 +14,14 @@
 #include <mutex>
 #include <sstream>
 
+#include "base/file_read.h"
+#include "base/text.h"
 #include "recorder/builtin_maps.h"
-#include "recorder/file_read.h"
-#include "recorder/text.h"
 
 namespace exitscope {
 namespace {
 
-using internal::Hex;
+using base::Hex;
 
 constexpr uint64_t kMaxOffset = 1ull << 48;
 
@@ -148,8 +148,8 @@ Result<RegisterMap> RegisterMap::Create(std::string name, std::vector<RegisterDe
     }
     if (d.offset >= kMaxOffset || d.stride >= kMaxOffset || d.count > (1u << 20) ||
         d.end() > kMaxOffset) {
-      return Fail(ErrorCode::kInvalidArgument,
-                  "register " + d.name + ": offset " + Hex(d.offset) + " or extent out of range");
+      return Fail(ErrorCode::kInvalidArgument, "register " + d.name + ": offset " +
+                                                   base::Hex(d.offset) + " or extent out of range");
     }
   }
   std::stable_sort(defs.begin(), defs.end(),
@@ -167,8 +167,8 @@ Result<RegisterMap> RegisterMap::Create(std::string name, std::vector<RegisterDe
       if ((aa & ba) == 0) continue;
       if (ElementsOverlap(a, b)) {
         return Fail(ErrorCode::kInvalidArgument,
-                    "register " + b.name + " at " + Hex(b.offset) + " overlaps " + a.name + " at " +
-                        Hex(a.offset) +
+                    "register " + b.name + " at " + base::Hex(b.offset) + " overlaps " + a.name +
+                        " at " + base::Hex(a.offset) +
                         " with the same access direction (mark one `alias` if intended)");
       }
     }
@@ -216,25 +216,17 @@ Result<RegisterMap> RegisterMap::Parse(std::string_view text, std::string_view o
     return Fail(ErrorCode::kInvalidArgument,
                 std::string(origin) + ":" + std::to_string(lineno) + ": " + why);
   };
-  size_t pos = 0;
-  while (pos <= text.size()) {
-    size_t nl = text.find('\n', pos);
-    if (nl == std::string_view::npos) nl = text.size();
-    std::string_view line = text.substr(pos, nl - pos);
-    pos = nl + 1;
-    ++lineno;
+  base::LineSplitter lines(text);
+  for (std::string_view line; lines.Next(&line);) {
+    lineno = static_cast<int>(lines.number());
     if (const size_t hash = line.find('#'); hash != std::string_view::npos)
       line = line.substr(0, hash);
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     for (char c : line) {
       if (static_cast<unsigned char>(c) < 0x20 && c != '\t')
         return err("control character in line");
     }
     std::vector<std::string_view> t = Tokens(line);
-    if (t.empty()) {
-      if (nl == text.size()) break;
-      continue;
-    }
+    if (t.empty()) continue;
     if (t[0] == "map") {
       if (!map_name.empty()) return err("second 'map' directive");
       if (t.size() != 2) return err("expected 'map NAME'");
@@ -305,11 +297,11 @@ Result<RegisterMap> RegisterMap::Parse(std::string_view text, std::string_view o
     }
     defs.push_back(std::move(d));
     def_lines.push_back(lineno);
-    if (nl == text.size()) break;
   }
-  if (map_name.empty()) {
-    return Fail(ErrorCode::kInvalidArgument,
-                std::string(origin) + ":" + std::to_string(lineno) + ": no 'map NAME' line");
+  if (map_name.empty()) {  // named at the last line read (line 1 of an empty file)
+    return Fail(
+        ErrorCode::kInvalidArgument,
+        std::string(origin) + ":" + std::to_string(std::max(lineno, 1)) + ": no 'map NAME' line");
   }
   // Names of defs -> lines, to point whole-map errors at a line.
   std::map<std::string, int> line_of;
@@ -336,8 +328,7 @@ Result<RegisterMap> RegisterMap::Parse(std::string_view text, std::string_view o
 
 Result<RegisterMap> RegisterMap::Load(const std::string& path) {
   constexpr uint64_t kMaxBytes = 16u << 20;  // checked before reading, and while reading
-  auto text =
-      internal::ReadBoundedFile(path, kMaxBytes, "register map", ErrorCode::kInvalidArgument);
+  auto text = base::ReadBoundedFile(path, kMaxBytes, "register map", ErrorCode::kInvalidArgument);
   if (!text) return Propagate(text);
   return Parse(*text, path);
 }
@@ -495,9 +486,9 @@ std::string RegisterMap::ToText() const {
   o << "map " << name_ << "\n";
   for (const RegisterDef& d : defs_) {
     o << (d.count > 1 || d.name.find("{}") != std::string::npos ? "array " : "reg ") << d.name
-      << " " << Hex(d.offset) << " " << d.width << " " << ToString(d.access);
+      << " " << base::Hex(d.offset) << " " << d.width << " " << ToString(d.access);
     if (d.count > 1 || d.name.find("{}") != std::string::npos) {
-      o << " count=" << d.count << " stride=" << Hex(d.stride);
+      o << " count=" << d.count << " stride=" << base::Hex(d.stride);
     }
     if (d.alias) o << " alias";
     if (!d.description.empty()) o << " " << d.description;

@@ -1,6 +1,7 @@
 // ExitRing, FlightRecorder, DeviceEventRing and InflightIoTable: the lock-free stores.
 #include <algorithm>
 
+#include "base/hash.h"
 #include "exitscope/device_events.h"
 #include "exitscope/flight_recorder.h"
 #include "exitscope/watchdog.h"
@@ -26,13 +27,6 @@ bool ReadSlot(const Slot& s, uint64_t n, Record* out) {
   if (s.seq.load(std::memory_order_relaxed) != s1) return false;
   std::memcpy(static_cast<void*>(out), w, sizeof(Record));
   return true;
-}
-
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
 }
 
 }  // namespace
@@ -216,7 +210,7 @@ constexpr uint64_t WithPhase(uint64_t st, uint64_t phase) {
 }  // namespace
 
 void InflightIoTable::Submit(uint32_t device, uint64_t io_id, uint64_t now_ticks) noexcept {
-  const uint64_t h = Mix(io_id ^ (static_cast<uint64_t>(device) << 40) ^ device);
+  const uint64_t h = base::SplitMix64(io_id ^ (static_cast<uint64_t>(device) << 40) ^ device);
   for (int i = 0; i < kProbe; ++i) {
     Slot& s = slots_[(h + static_cast<uint64_t>(i)) & mask_];
     uint64_t st = s.state.load(std::memory_order_relaxed);
@@ -233,7 +227,7 @@ void InflightIoTable::Submit(uint32_t device, uint64_t io_id, uint64_t now_ticks
 }
 
 void InflightIoTable::Complete(uint32_t device, uint64_t io_id) noexcept {
-  const uint64_t h = Mix(io_id ^ (static_cast<uint64_t>(device) << 40) ^ device);
+  const uint64_t h = base::SplitMix64(io_id ^ (static_cast<uint64_t>(device) << 40) ^ device);
   for (int i = 0; i < kProbe; ++i) {
     Slot& s = slots_[(h + static_cast<uint64_t>(i)) & mask_];
     uint64_t st = s.state.load(std::memory_order_acquire);

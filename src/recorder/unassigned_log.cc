@@ -3,15 +3,9 @@
 
 #include <algorithm>
 
+#include "base/hash.h"
+
 namespace exitscope {
-namespace {
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-}  // namespace
 
 UnassignedAccessLog::UnassignedAccessLog(uint32_t capacity) {
   uint32_t n = kProbe;
@@ -33,7 +27,7 @@ bool UnassignedAccessLog::FirstTime(IoSpace space, uint64_t addr) noexcept {
   }
   const uint64_t key = addr + 1;
   std::atomic<uint64_t>* t = slots_[si].get();
-  const uint64_t h = Mix(addr);
+  const uint64_t h = base::SplitMix64(addr);
   for (int i = 0; i < kProbe; ++i) {
     std::atomic<uint64_t>& s = t[(h + static_cast<uint64_t>(i)) & mask_];
     uint64_t v = s.load(std::memory_order_relaxed);

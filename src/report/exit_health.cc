@@ -17,7 +17,7 @@ namespace {
 using analysis::ExitRow;
 using analysis::ExitSummary;
 using analysis::ExitTable;
-using analysis::LatencyStats;
+using base::LatencyStats;
 
 // Time of `ns` relative to the start of the recording, "+12.345678 s".
 std::string Rel(uint64_t ns, uint64_t origin) {

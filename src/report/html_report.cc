@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "analysis/exit_summary.h"
-#include "analysis/histogram.h"
+#include "base/histogram.h"
 #include "report/format.h"
 #include "report/html_assets.h"
 
@@ -20,8 +20,8 @@ namespace {
 
 using analysis::ExitRow;
 using analysis::ExitTable;
-using analysis::LatencyHistogram;
-using analysis::LatencyStats;
+using base::LatencyHistogram;
+using base::LatencyStats;
 using nlohmann::json;
 
 // ---- text -----------------------------------------------------------------------------
@@ -786,16 +786,6 @@ std::vector<std::string> HtmlExitCollector::TrackNames() const {
                                : fmt::format("vCPU {}", key.second);
   }
   return names;
-}
-
-void TeeSink::OnExit(const ExitEvent& e) {
-  for (EventSink* s : sinks_) s->OnExit(e);
-}
-void TeeSink::OnDeviceEvent(const DeviceEvent& e) {
-  for (EventSink* s : sinks_) s->OnDeviceEvent(e);
-}
-void TeeSink::OnFinding(const Finding& f) {
-  for (EventSink* s : sinks_) s->OnFinding(f);
 }
 
 std::string_view HtmlUnavailable() {

@@ -94,18 +94,6 @@ class HtmlExitCollector final : public EventSink {
   std::unique_ptr<analysis::ExitGrouper> devices_, registers_;  // with group_targets
 };
 
-// Hands every event to each of its sinks, in order.
-class TeeSink final : public EventSink {
- public:
-  explicit TeeSink(std::vector<EventSink*> sinks) : sinks_(std::move(sinks)) {}
-  void OnExit(const ExitEvent& e) override;
-  void OnDeviceEvent(const DeviceEvent& e) override;
-  void OnFinding(const Finding& f) override;
-
- private:
-  std::vector<EventSink*> sinks_;
-};
-
 // Empty when this build can write HTML; else the one line saying why not (the plotting
 // library was not installed when it was built: html_assets.h).
 std::string_view HtmlUnavailable();

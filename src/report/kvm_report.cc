@@ -16,7 +16,7 @@ namespace {
 using analysis::KvmAnalysis;
 using analysis::KvmGroup;
 using analysis::KvmRow;
-using analysis::LatencyHistogram;
+using base::LatencyHistogram;
 
 constexpr int kDecodeWidth = 20;  // perf's decode_str_len
 

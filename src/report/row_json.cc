@@ -12,7 +12,7 @@ double Pct(uint64_t part, uint64_t whole) {
 }  // namespace
 
 nlohmann::json RowJson(const analysis::ExitRow& r, const analysis::ExitTable& g, bool histogram) {
-  using analysis::LatencyHistogram;
+  using base::LatencyHistogram;
   const auto& s = r.stats;
   const bool timed = s.count() != 0;
   const auto t = [timed](auto v) { return timed ? nlohmann::json(v) : nlohmann::json(nullptr); };

@@ -1,5 +1,7 @@
 #include "report/timeline.h"
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -10,8 +12,9 @@
 #include <memory>
 #include <tuple>
 
+#include "base/output_file.h"
+#include "base/text.h"
 #include "exitscope/clock.h"
-#include "recorder/text.h"
 #include "sources/dump_source.h"
 #include "sources/kvm_device_map.h"
 #include "sources/kvm_input.h"
@@ -66,7 +69,7 @@ void AppendJsonString(std::string& out, std::string_view s) {
     } else if (c < 0x20 || c == 0x7f) {
       fmt::format_to(std::back_inserter(out), "\\u{:04x}", c);
       ++i;
-    } else if (const size_t n = internal::Utf8SequenceLength(s, i); n == 0) {
+    } else if (const size_t n = base::Utf8SequenceLength(s, i); n == 0) {
       out += "\xef\xbf\xbd";  // U+FFFD
       ++i;
     } else {
@@ -582,28 +585,42 @@ class JointKernelSink : public EventSink {
   uint64_t first_ = std::numeric_limits<uint64_t>::max();
 };
 
-// The output file, closed (and removed after a failure) by Close.
+// The output file, by the one output rule (base/output_file.h): TimelineWriter writes through
+// a stdio stream on it; Close commits it, or after a failure leaves the path as it was.
 struct Output {
+  base::OutputFile file;
   std::FILE* f = nullptr;
-  std::string path;
+  ~Output() {
+    if (f != nullptr && f != stdout) std::fclose(f);
+  }
   Status Close(Status s) {
-    const bool failed = f != stdout && std::fclose(f) != 0;
-    if (s && failed) {
-      s = Fail(ErrorCode::kIo, fmt::format("{}: close failed: {}", path, std::strerror(errno)));
-    }
-    if (!s && f != stdout) std::remove(path.c_str());
+    const bool failed = f == stdout ? std::fflush(f) != 0 : std::fclose(f) != 0;
+    const int err = errno;
     f = nullptr;
-    return s;
+    if (s && failed) {
+      s = Fail(ErrorCode::kIo,
+               fmt::format("{}: write failed: {}", file.path(), std::strerror(err)));
+    }
+    if (s) s = file.Commit();
+    return s;  // not committed: the destructor of `file` removes only its temporary file
   }
 };
 
-Result<Output> Create(const std::string& path) {
-  if (path == "-") return Output{stdout, path};
-  std::FILE* f = std::fopen(path.c_str(), "w");
-  if (f == nullptr) {
-    return Fail(ErrorCode::kIo, fmt::format("{}: cannot create: {}", path, std::strerror(errno)));
+Result<std::unique_ptr<Output>> Create(const std::string& path) {
+  auto out = std::make_unique<Output>();
+  if (Status s = out->file.Open(path, {.what = "a timeline"}); !s) return Propagate(s);
+  if (out->file.is_stdout()) {
+    out->f = stdout;
+    return out;
   }
-  return Output{f, path};
+  const int fd = ::dup(out->file.fd());
+  out->f = fd < 0 ? nullptr : ::fdopen(fd, "w");
+  if (out->f == nullptr) {
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    return Fail(ErrorCode::kIo, fmt::format("{}: cannot create: {}", path, std::strerror(err)));
+  }
+  return out;
 }
 
 Status Named(Status s, const std::string& path) {
@@ -628,13 +645,13 @@ Result<TimelineStats> WriteTimeline(const TimelineInputs& in, TimelineOptions o,
     if (dump == nullptr) return Fail(ErrorCode::kInvalidArgument, "no input");
     auto out = Create(out_path);
     if (!out) return Propagate(out);
-    TimelineWriter w(out->f, o);
+    TimelineWriter w((*out)->f, o);
     w.SetBase(FirstTime(*dump));
     w.NameVm(o.vm, VmName(*dump));
     SetQuotas(*dump, o.max_exits, &w);
     sources::DumpSource src(*dump);
     src.Emit(&w);
-    if (Status s = out->Close(Named(w.Finish(dump->monotonic_ns), out_path)); !s) {
+    if (Status s = (*out)->Close(Named(w.Finish(dump->monotonic_ns), out_path)); !s) {
       return Propagate(s);
     }
     return w.stats();
@@ -664,7 +681,7 @@ Result<TimelineStats> WriteTimeline(const TimelineInputs& in, TimelineOptions o,
 
   auto out = Create(out_path);
   if (!out) return Propagate(out);
-  TimelineWriter w(out->f, o);
+  TimelineWriter w((*out)->f, o);
   if (dump == nullptr) {  // a trace alone: ts 0 is its first record
     struct First {
       TimelineWriter* w;
@@ -682,7 +699,7 @@ Result<TimelineStats> WriteTimeline(const TimelineInputs& in, TimelineOptions o,
         &first);
     Status s = Named(trace.ReadAll(&pairer), in.trace_path);
     if (s) s = Named(w.Finish(0), out_path);
-    if (s = out->Close(std::move(s)); !s) return Propagate(s);
+    if (s = (*out)->Close(std::move(s)); !s) return Propagate(s);
     return w.stats();
   }
 
@@ -699,7 +716,7 @@ Result<TimelineStats> WriteTimeline(const TimelineInputs& in, TimelineOptions o,
     src.Emit(&w);
     s = Named(w.Finish(dump->monotonic_ns), out_path);  // while src's names live
   }
-  if (s = out->Close(std::move(s)); !s) return Propagate(s);
+  if (s = (*out)->Close(std::move(s)); !s) return Propagate(s);
   return w.stats();
 }
 

@@ -13,9 +13,11 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "exitscope/device_events.h"
 #include "exitscope/exit_record.h"
@@ -115,6 +117,24 @@ class EventSink {
   virtual void OnExit(const ExitEvent& e) = 0;
   virtual void OnDeviceEvent(const DeviceEvent&) {}
   virtual void OnFinding(const Finding&) {}
+};
+
+// Hands every event to each of its sinks, in order (the sinks are not owned).
+class TeeSink final : public EventSink {
+ public:
+  explicit TeeSink(std::initializer_list<EventSink*> sinks) : sinks_(sinks) {}
+  void OnExit(const ExitEvent& e) override {
+    for (EventSink* s : sinks_) s->OnExit(e);
+  }
+  void OnDeviceEvent(const DeviceEvent& e) override {
+    for (EventSink* s : sinks_) s->OnDeviceEvent(e);
+  }
+  void OnFinding(const Finding& f) override {
+    for (EventSink* s : sinks_) s->OnFinding(f);
+  }
+
+ private:
+  std::vector<EventSink*> sinks_;
 };
 
 // What a source knows about the capture as a whole.

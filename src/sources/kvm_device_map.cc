@@ -11,9 +11,11 @@
 
 #include <fmt/format.h>
 
+#include "base/file_read.h"
+#include "base/text.h"
 #include "exitscope/dump.h"
 #include "exitscope/register_map.h"
-#include "recorder/file_read.h"
+#include "sources/input_format.h"
 #include "sources/qemu_mtree.h"
 
 namespace exitscope::sources {
@@ -56,13 +58,9 @@ Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::Parse(std::string_view text,
                             origin));
   }
   std::unique_ptr<KvmDeviceMap> m(new KvmDeviceMap());
-  size_t pos = 0, line_no = 0;
-  while (pos <= text.size()) {
-    size_t nl = text.find('\n', pos);
-    if (nl == std::string_view::npos) nl = text.size();
-    const std::string_view line = text.substr(pos, nl - pos);
-    pos = nl + 1;
-    ++line_no;
+  base::LineSplitter lines(text);
+  for (std::string_view line; lines.Next(&line);) {
+    const size_t line_no = lines.number();
     const std::vector<std::string_view> w = Words(line);
     if (w.empty()) continue;
     const auto fail = [&](const std::string& why) {
@@ -116,8 +114,8 @@ Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::Parse(std::string_view text,
 }
 
 Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::LoadText(const std::string& path) {
-  auto text = internal::ReadBoundedFile(path, kMaxDeviceMapBytes, "device map",
-                                        ErrorCode::kInvalidArgument);
+  auto text =
+      base::ReadBoundedFile(path, kMaxDeviceMapBytes, "device map", ErrorCode::kInvalidArgument);
   if (!text) return Propagate(text);
   const size_t slash = path.rfind('/');
   return Parse(*text, path, slash == std::string::npos ? "." : path.substr(0, slash));
@@ -148,17 +146,10 @@ Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::LoadDump(const std::string& 
 }
 
 Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::Load(const std::string& path) {
-  // A recorder dump starts with its magic ("EXSCDUMP"); anything else is a text map. Both
-  // loaders check the file (regular, size limit) before they read it; this only peeks.
-  char head[sizeof(kDumpMagic)] = {};
-  ssize_t got = -1;
-  if (const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK); fd >= 0) {
-    struct stat st {};
-    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) got = ::pread(fd, head, sizeof(head), 0);
-    ::close(fd);
-  }
-  const bool dump =
-      got == static_cast<ssize_t>(sizeof(head)) && std::memcmp(head, kDumpMagic, sizeof(head)) == 0;
+  // Either loader checks the file (regular, size limit) before it reads it; a file the sniffer
+  // cannot read goes to the text loader, whose message names the path.
+  const auto format = SniffInputFile(path);
+  const bool dump = format && *format == InputFormat::kDump;
   return dump ? LoadDump(path) : LoadText(path);
 }
 

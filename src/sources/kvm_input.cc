@@ -1,57 +1,27 @@
 #include "sources/kvm_input.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <cstring>
 
 #include <fmt/format.h>
 
+#include "sources/input_format.h"
+
 namespace exitscope::sources {
 
 Result<std::unique_ptr<KvmInput>> KvmInput::Open(const std::string& path,
                                                  const KvmInputOptions& options) {
-  if (path == "-") {
+  auto format = SniffInputFile(path);
+  if (!format) return Propagate(format);
+  if (*format == InputFormat::kDump) {
     return Fail(ErrorCode::kInvalidArgument,
-                fmt::format("{}: reading a trace from standard input is not supported (streams "
-                            "are not supported: save it to a file and pass its path)",
-                            path));
-  }
-  // O_NONBLOCK: opening a FIFO must not wait for a writer.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) {
-    return Fail(errno == ENOENT ? ErrorCode::kInvalidArgument : ErrorCode::kIo,
-                fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
-  }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return Fail(ErrorCode::kIo, fmt::format("{}: cannot stat: {}", path, std::strerror(err)));
-  }
-  if (S_ISDIR(st.st_mode)) {
-    ::close(fd);
-    return Fail(ErrorCode::kInvalidArgument,
-                fmt::format("{}: is a directory, not a trace file", path));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return Fail(ErrorCode::kInvalidArgument,
-                fmt::format("{}: not a regular file: streams (pipes, FIFOs, devices, sockets) "
-                            "are not supported: save the trace to a file first",
-                            path));
-  }
-  char head[16] = {};
-  const ssize_t n = ::pread(fd, head, sizeof(head), 0);
-  ::close(fd);
-  if (n <= 0) {
-    return Fail(ErrorCode::kCorrupt, fmt::format("{}: offset 0: empty file", path));
+                fmt::format("{}: an exitscope dump (what a VMM recorded), not a kernel trace: "
+                            "`exitscope inspect {}` reads it, `exitscope timeline` joins it with "
+                            "a trace",
+                            path, path));
   }
   std::unique_ptr<KvmInput> in(new KvmInput());
-  if (LooksLikeTraceCmdDat(std::string_view(head, static_cast<size_t>(n))) ||
-      (n >= 3 && head[0] == '\x17' && head[1] == '\x08' && head[2] == '\x44')) {
+  if (*format == InputFormat::kTraceCmdDat) {
     auto dat = TraceCmdDat::Open(path);
     if (!dat) return Propagate(dat);
     in->dat_ = std::move(*dat);

@@ -30,6 +30,8 @@ extern "C" {
 
 #include <fmt/format.h>
 
+#include "base/clock_name.h"
+#include "base/text.h"
 #include "sources/kvm_trace.h"
 
 // libtracecmd's API, declared here because <trace-cmd/trace-cmd.h> includes <tracefs.h>,
@@ -670,12 +672,8 @@ std::vector<Layout::CpuStat> ParseCpuStats(std::string_view text) {
   };
   std::vector<Layout::CpuStat> out;
   std::string buffer;
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t nl = text.find('\n', pos);
-    if (nl == std::string_view::npos) nl = text.size();
-    std::string_view line = text.substr(pos, nl - pos);
-    pos = nl + 1;
+  base::LineSplitter lines(text);
+  for (std::string_view line; lines.Next(&line);) {
     if (line.starts_with("Buffer:")) {
       line.remove_prefix(7);
       while (!line.empty() && line.front() == ' ') line.remove_prefix(1);
@@ -690,14 +688,6 @@ std::vector<Layout::CpuStat> ParseCpuStats(std::string_view text) {
     }
   }
   return out;
-}
-
-// The clock in brackets in a trace_clock listing ("local [x86-tsc] ...").
-std::string SelectedClock(std::string_view list) {
-  const size_t l = list.find('[');
-  const size_t r = list.find(']', l == std::string_view::npos ? 0 : l);
-  if (l == std::string_view::npos || r == std::string_view::npos) return {};
-  return std::string(list.substr(l + 1, r - l - 1));
 }
 
 // Builds a tep_handle from the file's header page and event formats, as libtracecmd does.
@@ -936,7 +926,7 @@ Result<std::unique_ptr<TraceCmdDat>> TraceCmdDat::Open(const std::string& path) 
   dat->version_ = L.version;
   dat->compression_ = L.compression;
   std::string clock = L.top_clock;
-  if (clock.empty()) clock = SelectedClock(L.clock_list);
+  if (clock.empty()) clock = base::SelectedClock(L.clock_list);
   if (clock.empty() && !L.buffers.empty()) {
     for (const Layout::Buffer& b : L.buffers) {
       if (!b.clock.empty()) {

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "base/text.h"
 #include "fmt/format.h"
 #include "sources/tracefs_session.h"
 
@@ -81,13 +82,8 @@ std::string StatsSince(const std::string& now, const std::string& base) {
                                                 "read events"};
   auto lines = [](const std::string& text) {
     std::vector<std::string> out;
-    size_t start = 0;
-    while (start < text.size()) {
-      size_t end = text.find('\n', start);
-      if (end == std::string::npos) end = text.size();
-      out.push_back(text.substr(start, end - start));
-      start = end + 1;
-    }
+    base::LineSplitter split(text);
+    for (std::string_view line; split.Next(&line);) out.emplace_back(line);
     return out;
   };
   const std::vector<std::string> old_lines = lines(base);
@@ -176,11 +172,9 @@ Result<std::unique_ptr<TraceDatWriter>> TraceDatWriter::Create(const std::string
   Put<uint32_t>(h, static_cast<uint32_t>(printk_text.size()));
   h += printk_text;
 
-  w->out_fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (w->out_fd_ < 0) {
-    const int err = errno;
-    return Fail(err == EACCES || err == EPERM ? ErrorCode::kPermission : ErrorCode::kIo,
-                fmt::format("{}: cannot create: {}", path, std::strerror(err)));
+  // The one output rule (base/output_file.h): the .dat appears whole at Finish, or not at all.
+  if (Status st = w->out_.Open(path, {.what = "a recording", .allow_stdout = false}); !st) {
+    return Propagate(st);
   }
   std::string dir = ".";
   if (const size_t slash = path.rfind('/'); slash != std::string::npos)
@@ -204,10 +198,6 @@ Result<std::unique_ptr<TraceDatWriter>> TraceDatWriter::Create(const std::string
 TraceDatWriter::~TraceDatWriter() {
   for (int fd : cpu_fds_)
     if (fd >= 0) ::close(fd);
-  if (out_fd_ >= 0) {
-    ::close(out_fd_);
-    if (!finished_) ::unlink(path_.c_str());
-  }
 }
 
 uint64_t TraceDatWriter::pages() const {
@@ -229,7 +219,7 @@ Status TraceDatWriter::AddPage(int cpu, const uint8_t* page, size_t size) {
 }
 
 Status TraceDatWriter::Finish(const std::string& buffer_dir) {
-  if (finished_ || out_fd_ < 0) {
+  if (finished_ || out_.fd() < 0) {
     return Fail(ErrorCode::kInternal, fmt::format("{}: already finished", path_));
   }
   std::string h = header_;
@@ -284,7 +274,7 @@ Status TraceDatWriter::Finish(const std::string& buffer_dir) {
     offset += size;
   }
   h.resize((h.size() + page - 1) / page * page, '\0');
-  if (Status st = WriteAll(out_fd_, h.data(), h.size(), path_); !st) return st;
+  if (Status st = out_.Write(h); !st) return st;
   bytes_written_ = h.size();
 
   std::vector<char> buf(1 << 20);
@@ -302,15 +292,11 @@ Status TraceDatWriter::Finish(const std::string& buffer_dir) {
                     fmt::format("{}: temporary data: {}", path_, std::strerror(errno)));
       }
       if (n == 0) break;
-      if (Status st = WriteAll(out_fd_, buf.data(), static_cast<size_t>(n), path_); !st) return st;
+      if (Status st = out_.Write({buf.data(), static_cast<size_t>(n)}); !st) return st;
       bytes_written_ += static_cast<uint64_t>(n);
     }
   }
-  if (::fsync(out_fd_) != 0 && errno != EINVAL) {
-    return Fail(ErrorCode::kIo, fmt::format("{}: fsync failed: {}", path_, std::strerror(errno)));
-  }
-  ::close(out_fd_);
-  out_fd_ = -1;
+  if (Status st = out_.Commit(); !st) return st;
   finished_ = true;
   return {};
 }

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "base/output_file.h"
 #include "exitscope/status.h"
 
 namespace exitscope::sources {
@@ -69,7 +70,7 @@ class TraceDatWriter {
   TraceDatWriter() = default;
   std::string path_;
   Layout layout_;
-  int out_fd_ = -1;
+  base::OutputFile out_;  // the .dat, renamed into place by Finish
   std::vector<int> cpu_fds_;
   std::vector<uint64_t> cpu_pages_;
   std::string header_;                       // everything up to the cmdlines, built at Create

@@ -16,6 +16,7 @@
 #include <set>
 #include <string_view>
 
+#include "base/clock_name.h"
 #include "fmt/format.h"
 
 namespace exitscope::sources {
@@ -94,7 +95,7 @@ bool IsBufferSizeFile(const std::string& rel) {
 std::string RestoreValue(const std::string& rel, const std::string& content) {
   const std::string t = Trim(content);
   if (rel.ends_with("/filter")) return t == "none" ? "0" : t;
-  if (rel == "trace_clock") return SelectedClock(content);
+  if (rel == "trace_clock") return base::SelectedClock(content);
   if (rel == "set_event_pid") {
     std::string v = t;
     std::replace(v.begin(), v.end(), '\n', ' ');
@@ -215,13 +216,6 @@ bool SameBufferSize(std::string_view saved, std::string_view now, uint64_t page_
   if (a->expanded_kb && !b->expanded_kb && page_data_bytes > 0)
     return PagesFor(*a->expanded_kb, page_data_bytes) == PagesFor(b->kb, page_data_bytes);
   return a->kb == b->kb && a->expanded_kb == b->expanded_kb;
-}
-
-std::string SelectedClock(const std::string& trace_clock_file) {
-  const size_t open = trace_clock_file.find('[');
-  const size_t close = trace_clock_file.find(']', open);
-  if (open == std::string::npos || close == std::string::npos) return Trim(trace_clock_file);
-  return trace_clock_file.substr(open + 1, close - open - 1);
 }
 
 Result<std::string> FindTracefs(const std::string& dir_arg, bool mount_if_missing) {
@@ -494,7 +488,7 @@ Status TracefsSession::Apply(const TracefsOptions& options) {
 
   auto clocks = ReadTracefsFile(buffer_dir_ + "/trace_clock");
   if (!clocks) return Propagate(clocks);
-  clock_ = SelectedClock(*clocks);
+  clock_ = base::SelectedClock(*clocks);
   for (const std::string& want : options.clocks) {
     // Offered clocks are space separated, the current one in brackets.
     const bool offered = (" " + Trim(*clocks) + " ").find(" " + want + " ") != std::string::npos;

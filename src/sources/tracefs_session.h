@@ -203,7 +203,5 @@ class StopSignalScope {
 // Helpers shared by the tracefs sources (plain file I/O with errno in the message).
 Result<std::string> ReadTracefsFile(const std::string& path);
 Status WriteTracefsFile(const std::string& path, const std::string& value);
-// The clock in brackets of a trace_clock file ("[local] global x86-tsc" -> "local").
-std::string SelectedClock(const std::string& trace_clock_file);
 
 }  // namespace exitscope::sources

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <thread>
 
+#include "base/output_file.h"
 #include "vmm/guest_image.h"
 #include "vmm/kvm.h"
 #include "vmm/kvm_stats.h"
@@ -138,9 +139,10 @@ Status Vmm::Setup() {
   if (auto st = LoadGuestImage(mem_, *image); !st) return st;
   // Serial output.
   if (!cfg_.serial_path.empty() && cfg_.serial_path != "-") {
-    serial_ = std::fopen(cfg_.serial_path.c_str(), "w");
-    if (serial_ == nullptr)
-      return Fail(ErrorCode::kIo, "--serial " + cfg_.serial_path + ": " + std::strerror(errno));
+    auto serial = base::OpenLogFile(
+        cfg_.serial_path, {.label = "--serial " + cfg_.serial_path, .what = "the serial log"});
+    if (!serial) return Propagate(serial);
+    serial_ = *serial;
     own_serial_ = true;
   } else {
     serial_ = cfg_.serial_stream != nullptr ? cfg_.serial_stream : stdout;

@@ -70,13 +70,18 @@ TEST(DumpWrite, NeverReplacesAnythingButARegularFile) {
   EXPECT_TRUE(S_ISFIFO(st.st_mode));
   // A directory.
   EXPECT_FALSE(WriteDumpFile(d, testing::TempDir()));
-  // A symlink planted at the temporary name is not followed.
+  // A symlink planted at the temporary name is neither followed nor removed: the dump goes to
+  // another new name beside it and is renamed into place.
   const std::string target = Temp("target.esdump");
   const std::string tmp = target + ".tmp." + std::to_string(getpid());
   ASSERT_EQ(symlink(victim.c_str(), tmp.c_str()), 0);
-  EXPECT_FALSE(WriteDumpFile(d, target));
+  EXPECT_TRUE(WriteDumpFile(d, target));
   EXPECT_EQ(ReadAll(victim), "precious");
+  ASSERT_EQ(lstat(tmp.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISLNK(st.st_mode));
+  EXPECT_TRUE(ReadDump(target));
   unlink(tmp.c_str());
+  unlink(target.c_str());
   // A regular file is replaced.
   std::ofstream(target) << "old";
   ASSERT_TRUE(WriteDumpFile(d, target));

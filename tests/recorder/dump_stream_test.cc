@@ -19,10 +19,10 @@
 #include <string>
 #include <thread>
 
+#include "base/crc32.h"
 #include "exitscope/dump.h"
 #include "exitscope/flight_recorder.h"
 #include "exitscope/recorder.h"
-#include "recorder/crc32.h"
 
 namespace exitscope {
 namespace {
@@ -226,9 +226,9 @@ TEST(DumpStreamCrc, CombineIsTheCrcOfTheConcatenation) {
   for (size_t la : {size_t{0}, size_t{1}, size_t{8}, size_t{300}}) {
     for (size_t lb : {size_t{0}, size_t{1}, size_t{59}, size_t{4096}, size_t{70000}}) {
       const std::string ab = a.substr(0, la) + b.substr(0, lb);
-      EXPECT_EQ(internal::Crc32Combine(internal::Crc32Of(a.substr(0, la)),
-                                       internal::Crc32Of(b.substr(0, lb)), lb),
-                internal::Crc32Of(ab))
+      EXPECT_EQ(
+          base::Crc32Combine(base::Crc32Of(a.substr(0, la)), base::Crc32Of(b.substr(0, lb)), lb),
+          base::Crc32Of(ab))
           << la << " + " << lb;
     }
   }

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "analysis/histogram.h"
+#include "base/histogram.h"
 #include "gtest/gtest.h"
 
 extern "C" {
@@ -19,6 +19,9 @@ extern "C" {
 
 namespace exitscope::analysis {
 namespace {
+
+using base::LatencyHistogram;
+using base::LatencyStats;
 
 TEST(BpfKvmHist, BucketOfIsLatencyHistogramsForEveryEdge) {
   static_assert(KS_HIST_BUCKETS == LatencyHistogram::kBuckets);

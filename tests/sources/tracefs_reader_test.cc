@@ -441,9 +441,14 @@ TEST(TracefsReaderTest, WriterRefusesPagesThatDoNotFitAndRemovesUnfinishedOutput
     EXPECT_FALSE((*w)->AddPage(2, page.data(), page.size()));
     EXPECT_FALSE((*w)->AddPage(0, page.data(), 100));
     EXPECT_TRUE((*w)->AddPage(1, page.data(), page.size()));
-    EXPECT_EQ(::access(path.c_str(), F_OK), 0);
+    // The .dat appears whole at Finish (base/output_file.h): until then only its temporary
+    // file exists beside it.
+    EXPECT_NE(::access(path.c_str(), F_OK), 0);
+    EXPECT_EQ(::access((path + ".tmp." + std::to_string(::getpid())).c_str(), F_OK), 0);
   }
-  EXPECT_NE(::access(path.c_str(), F_OK), 0);  // never finished: removed
+  // Never finished: the temporary file is removed, and the path was never created.
+  EXPECT_NE(::access(path.c_str(), F_OK), 0);
+  EXPECT_NE(::access((path + ".tmp." + std::to_string(::getpid())).c_str(), F_OK), 0);
   auto bad = TraceDatWriter::Create(std::string(dir) + "/no/such/dir/x.dat",
                                     {formats, "", {"kvm"}, 2, 4096});
   ASSERT_FALSE(bad);

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "base/clock_name.h"
 #include "gtest/gtest.h"
 #include "sources/tracefs_session.h"
 #include "support/tracefs.h"
@@ -82,7 +83,7 @@ TracefsOptions ChangingEverything(const std::string& instance) {
 }
 
 void ExpectChanged(const TracefsSession& s, const std::string& dir) {
-  EXPECT_EQ(SelectedClock(Slurp(dir + "/trace_clock")), s.clock());
+  EXPECT_EQ(base::SelectedClock(Slurp(dir + "/trace_clock")), s.clock());
   EXPECT_TRUE(s.clock() == "x86-tsc" || s.clock() == "mono") << s.clock();
   // The kernel rounds to whole pages of data (4080 of 4096 bytes): 2048 -> 2051.
   const long kb = std::atol(Slurp(dir + "/buffer_size_kb").c_str());
@@ -155,7 +156,7 @@ TEST(TracefsSessionTest, ExistingInstanceRestoredByteForByteOnClose) {
   const std::vector<std::string> systems = {"kvm", "syscalls"};
   auto before = TracefsSettings::Capture(inst.dir(), systems);
   ASSERT_TRUE(before) << before.error().message;
-  ASSERT_EQ(SelectedClock(Slurp(inst.dir() + "/trace_clock")), "global");
+  ASSERT_EQ(base::SelectedClock(Slurp(inst.dir() + "/trace_clock")), "global");
   ASSERT_EQ(Slurp(inst.dir() + "/events/kvm/kvm_pio/filter"), "port == 0x3f8\n");
 
   {

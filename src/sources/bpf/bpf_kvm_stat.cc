@@ -17,7 +17,7 @@
 
 #include <fmt/format.h>
 
-#include "analysis/histogram.h"
+#include "base/histogram.h"
 #include "sources/tracefs_reader.h"
 #include "sources/tracefs_session.h"
 
@@ -31,9 +31,9 @@
 
 namespace exitscope::sources::bpf {
 
-static_assert(KS_HIST_BUCKETS == analysis::LatencyHistogram::kBuckets,
+static_assert(KS_HIST_BUCKETS == base::LatencyHistogram::kBuckets,
               "the BPF histogram must use LatencyHistogram's buckets");
-static_assert(KS_HIST_SUB_BITS == analysis::LatencyHistogram::kSubBits);
+static_assert(KS_HIST_SUB_BITS == base::LatencyHistogram::kSubBits);
 static_assert(sizeof(ks_key) == 48, "no hidden padding in keys");
 static_assert(sizeof(ks_thread) % 8 == 0 && sizeof(ks_slot) % 8 == 0 && sizeof(ks_row) % 8 == 0,
               "mmap()ed arrays: elements are 8-aligned");

@@ -3,7 +3,7 @@
  *
  * Pairs KVM tracepoint hits into exits per vCPU thread and keeps, per exit key, a count,
  * sum, min, max, sum of squares and a log-linear histogram with the buckets of
- * analysis/histogram.h: nothing is streamed to userspace, memory is fixed by the map sizes.
+ * base/histogram.h: nothing is streamed to userspace, memory is fixed by the map sizes.
  *
  * The pairing is sources/kvm_pairing.cc's KvmPairer, state machine for state machine (read
  * its header for the kernel's emit order this follows):

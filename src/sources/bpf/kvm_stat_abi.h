@@ -9,7 +9,7 @@
  *                                                  its histogram rows (mmap()ed by userspace)
  *   ks_rows         array [KS_MAX_ROWS] ks_row     64 consecutive buckets of one key's
  *                                                  histogram each, the buckets of
- *                                                  analysis/histogram.h's LatencyHistogram (128
+ *                                                  base/histogram.h's LatencyHistogram (128
  *                                                  exact values, then 64 linear buckets per
  *                                                  octave: one row per octave)
  *   ks_alloc        array [1] ks_alloc             slots and rows handed out so far

@@ -1,5 +1,5 @@
 /* sources/bpf/kvm_stat_hist.h: the histogram bucket of a duration, in C for the BPF program;
- * the same function as analysis/histogram.h's LatencyHistogram::BucketOf (values below 128
+ * the same function as base/histogram.h's LatencyHistogram::BucketOf (values below 128
  * exact, then 64 linear buckets per power of two), which tests/sources/bpf_kvm_hist_test.cc
  * checks value for value. No count-leading-zeros instruction in BPF: a binary search. */
 #ifndef EXITSCOPE_SOURCES_BPF_KVM_STAT_HIST_H_

@@ -1,4 +1,4 @@
-#include "analysis/histogram.h"
+#include "base/histogram.h"
 
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <random>
 #include <vector>
 
-namespace exitscope::analysis {
+namespace exitscope::base {
 namespace {
 
 TEST(LatencyHistogram, BucketsAreContiguousAndCoverTheRange) {
@@ -65,4 +65,4 @@ TEST(LatencyStats, StandardErrorMatchesPerfDefinition) {
 }
 
 }  // namespace
-}  // namespace exitscope::analysis
+}  // namespace exitscope::base

@@ -1,4 +1,4 @@
-// recorder/crc32.h: CRC-32 (IEEE 802.3, reflected polynomial 0xedb88320, as zlib's crc32),
+// base/crc32.h: CRC-32 (IEEE 802.3, reflected polynomial 0xedb88320, as zlib's crc32),
 // the checksum of the dump format (docs/dump-format.md). Not public API.
 //
 // Crc32Extend works like zlib's crc32(crc, buf, len): start from 0 and feed the bytes in any
@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <string_view>
 
-namespace exitscope::internal {
+namespace exitscope::base {
 
 uint32_t Crc32Extend(uint32_t crc, const void* data, size_t size) noexcept;
 
@@ -31,4 +31,4 @@ uint32_t Crc32ExtendSlice8(uint32_t crc, const void* data, size_t size) noexcept
 // True when Crc32Extend uses PCLMULQDQ on this CPU.
 bool Crc32UsesClmul() noexcept;
 
-}  // namespace exitscope::internal
+}  // namespace exitscope::base

@@ -1,4 +1,4 @@
-// analysis/histogram.h: fixed-memory latency distribution and running statistics.
+// base/histogram.h: fixed-memory latency distribution and running statistics.
 //
 // LatencyHistogram is a log-linear histogram over uint64 nanoseconds (HdrHistogram-like):
 // values below 128 are counted exactly; above, each power of two is split into 64 linear
@@ -20,7 +20,7 @@
 #include <span>
 #include <utility>
 
-namespace exitscope::analysis {
+namespace exitscope::base {
 
 class LatencyHistogram {
  public:
@@ -176,4 +176,4 @@ class LatencyStats {
   double m2_ = 0.0;
 };
 
-}  // namespace exitscope::analysis
+}  // namespace exitscope::base

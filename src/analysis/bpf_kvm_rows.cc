@@ -1,4 +1,4 @@
-#include "sources/bpf/bpf_kvm_rows.h"
+#include "analysis/bpf_kvm_rows.h"
 
 #include <algorithm>
 #include <deque>
@@ -8,7 +8,11 @@
 
 #include <fmt/format.h>
 
-namespace exitscope::sources::bpf {
+namespace exitscope::analysis {
+
+using namespace sources;       // the decode tables and the pairer's terms
+using namespace sources::bpf;  // the maps' ABI (kvm_stat_abi.h)
+
 namespace {
 
 // The event model's access direction (kNone, kRead, kWrite: KS_DIR_* in that order).
@@ -238,4 +242,4 @@ BpfKvmRows BuildBpfKvmRows(const BpfKvmSnapshot& snap, const BpfKvmRowOptions& o
   return out;
 }
 
-}  // namespace exitscope::sources::bpf
+}  // namespace exitscope::analysis

@@ -5,7 +5,7 @@
 // with x^(512+-64) mod P, then fold to 128 bits, to 64, and a Barrett reduction gives the 32-bit
 // remainder. The constants are those of that paper for the reflected IEEE polynomial (the same
 // as Linux's crc32-pclmul and zlib's crc32_simd).
-#include "recorder/crc32.h"
+#include "base/crc32.h"
 
 #include <array>
 #include <cstring>
@@ -14,7 +14,7 @@
 #include <immintrin.h>
 #endif
 
-namespace exitscope::internal {
+namespace exitscope::base {
 namespace {
 
 using Table = std::array<std::array<uint32_t, 256>, 8>;
@@ -177,4 +177,4 @@ uint32_t Crc32Combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) noexcept {
   return MultModP(p, crc_a) ^ crc_b;
 }
 
-}  // namespace exitscope::internal
+}  // namespace exitscope::base

@@ -1,4 +1,4 @@
-// recorder/file_read.h: reading a whole input file with its size checked first. Shared by the
+// base/file_read.h: reading a whole input file with its size checked first. Shared by the
 // dump reader, register-map files and the layers above (device maps). Not public API.
 #pragma once
 
@@ -8,7 +8,7 @@
 
 #include "exitscope/status.h"
 
-namespace exitscope::internal {
+namespace exitscope::base {
 
 // Reads PATH whole. Before any read it checks that PATH is a regular file (a directory, a
 // device node such as /dev/zero, a FIFO or a socket is refused by name) of at most `limit`
@@ -20,4 +20,4 @@ namespace exitscope::internal {
 Result<std::string> ReadBoundedFile(const std::string& path, uint64_t limit, std::string_view what,
                                     ErrorCode refused);
 
-}  // namespace exitscope::internal
+}  // namespace exitscope::base

@@ -1,6 +1,6 @@
 // CRC-32 of the dump format: the PCLMULQDQ and slice-by-8 paths give the bytewise table's
 // result for every length and every way of cutting the input.
-#include "recorder/crc32.h"
+#include "base/crc32.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-namespace exitscope::internal {
+namespace exitscope::base {
 namespace {
 
 std::vector<unsigned char> RandomBytes(size_t n, uint64_t seed) {
@@ -63,4 +63,4 @@ TEST(Crc32Test, AnyCutsGiveTheSameResult) {
 }
 
 }  // namespace
-}  // namespace exitscope::internal
+}  // namespace exitscope::base

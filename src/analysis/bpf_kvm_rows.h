@@ -1,4 +1,4 @@
-// sources/bpf/bpf_kvm_rows.h: a snapshot of the in-kernel maps (bpf_kvm_stat.h) as the
+// analysis/bpf_kvm_rows.h: a snapshot of the in-kernel maps (bpf_kvm_stat.h) as the
 // KvmAnalysis that `exitscope kvm report` renders. Each map entry is decoded into the exit it
 // stands for and fed to KvmAggregator (KvmAggregator::OnSamples, with the kernel's histogram
 // buckets merged into the row): the keys, names, filters and groupings are kvm report's own.
@@ -23,24 +23,27 @@
 #include "sources/kvm_decode.h"
 #include "sources/kvm_pairing.h"
 
-namespace exitscope::sources::bpf {
+namespace exitscope::analysis {
+
+using sources::bpf::BpfKvmSample;
+using sources::bpf::BpfKvmSnapshot;
 
 struct BpfKvmRowOptions {
-  analysis::KvmAnalysisOptions analysis{};  // event, vcpu, pid, per_vcpu, per_vm (slow_ns unused)
-  PvmNumbering pvm = PvmNumbering::kUpstream;
-  const KvmDeviceResolver* devices = nullptr;  // not owned; may be null
+  KvmAnalysisOptions analysis{};  // event, vcpu, pid, per_vcpu, per_vm (slow_ns unused)
+  sources::PvmNumbering pvm = sources::PvmNumbering::kUpstream;
+  const sources::KvmDeviceResolver* devices = nullptr;  // not owned; may be null
   bool final = false;  // the maps no longer change: exits in flight are open at end
 };
 
 // An exit in flight when the snapshot was taken: how long it has been inside so far.
 struct BpfKvmInFlight {
-  analysis::KvmOpenExit exit;
+  KvmOpenExit exit;
   uint64_t inside_ns = 0;
 };
 
 struct BpfKvmRows {
-  analysis::KvmAnalysis analysis;
-  KvmPairingStats pairing;  // the program's counters, in the pairer's terms
+  KvmAnalysis analysis;
+  sources::KvmPairingStats pairing;  // the program's counters, in the pairer's terms
   std::vector<BpfKvmInFlight> in_flight;
   uint64_t keys = 0;          // map entries read
   uint64_t lost_samples = 0;  // samples the program could not keep (maps full)
@@ -55,4 +58,4 @@ BpfKvmRows BuildBpfKvmRows(const BpfKvmSnapshot& snap, const BpfKvmRowOptions& o
 void ForEachBpfKvmExit(const BpfKvmSnapshot& snap, const BpfKvmRowOptions& options,
                        const std::function<void(const ExitEvent&, const BpfKvmSample&)>& fn);
 
-}  // namespace exitscope::sources::bpf
+}  // namespace exitscope::analysis

@@ -1,5 +1,9 @@
-// recorder/text.h: small text formatters shared by the recorder's files and the layers above
-// (src/analysis links exitscope_recorder). Not public API.
+// base/text.h: text every layer needs: hex numbers for messages, UTF-8 validation, and the one
+// line splitter. Knows nothing of exits. Not public API.
+//
+//   base::LineSplitter lines(text);
+//   for (std::string_view line; lines.Next(&line);)
+//     if (bad(line)) return Fail(..., fmt::format("{}:{}: ...", origin, lines.number()));
 #pragma once
 
 #include <cinttypes>
@@ -8,7 +12,7 @@
 #include <string>
 #include <string_view>
 
-namespace exitscope::internal {
+namespace exitscope::base {
 
 // "0x1f", "0x0": lowercase hex with a 0x prefix, for addresses, offsets, flags and checksums
 // in messages.
@@ -57,4 +61,31 @@ inline bool IsUtf8(std::string_view s) noexcept {
   return true;
 }
 
-}  // namespace exitscope::internal
+// Splits text into lines at '\n'. A line is returned without its '\n' and without one '\r'
+// before it (CRLF files read as LF ones); the text after the last '\n', when not empty, is a
+// last line; a trailing '\n' adds no empty line. The views point into the text given.
+class LineSplitter {
+ public:
+  explicit LineSplitter(std::string_view text) noexcept : rest_(text) {}
+  // The next line into *line; false once the text is used up.
+  bool Next(std::string_view* line) noexcept {
+    if (rest_.empty()) return false;
+    const size_t nl = rest_.find('\n');
+    std::string_view l = rest_.substr(0, nl);
+    rest_.remove_prefix(nl == std::string_view::npos ? rest_.size() : nl + 1);
+    if (!l.empty() && l.back() == '\r') l.remove_suffix(1);
+    *line = l;
+    ++number_;
+    return true;
+  }
+  // The 1-based number of the line Next returned last (0 before the first).
+  size_t number() const noexcept { return number_; }
+  // What Next has not returned yet.
+  std::string_view rest() const noexcept { return rest_; }
+
+ private:
+  std::string_view rest_;
+  size_t number_ = 0;
+};
+
+}  // namespace exitscope::base

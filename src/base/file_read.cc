@@ -1,4 +1,4 @@
-#include "recorder/file_read.h"
+#include "base/file_read.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -7,7 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
-namespace exitscope::internal {
+namespace exitscope::base {
 namespace {
 
 const char* FileType(mode_t m) {
@@ -81,4 +81,4 @@ Result<std::string> ReadBoundedFile(const std::string& path, uint64_t limit, std
   return bytes;
 }
 
-}  // namespace exitscope::internal
+}  // namespace exitscope::base

@@ -10,11 +10,16 @@
 #include <string>
 #include <vector>
 
+#include "analysis/bpf_kvm_rows.h"
 #include "gtest/gtest.h"
-#include "sources/bpf/bpf_kvm_rows.h"
 
 namespace exitscope::sources::bpf {
 namespace {
+
+using analysis::BpfKvmRowOptions;
+using analysis::BpfKvmRows;
+using analysis::BuildBpfKvmRows;
+using analysis::ForEachBpfKvmExit;
 
 using analysis::KvmEventClass;
 
@@ -44,8 +49,8 @@ BpfKvmSample Sample(const ks_key& k, std::vector<uint64_t> durations, uint64_t u
     s.stats.sq_lo += d * d;
     bool found = false;
     for (auto& [b, n] : s.buckets)
-      if (b == analysis::LatencyHistogram::BucketOf(d)) ++n, found = true;
-    if (!found) s.buckets.emplace_back(analysis::LatencyHistogram::BucketOf(d), 1);
+      if (b == base::LatencyHistogram::BucketOf(d)) ++n, found = true;
+    if (!found) s.buckets.emplace_back(base::LatencyHistogram::BucketOf(d), 1);
   }
   return s;
 }
@@ -171,6 +176,10 @@ TEST(BpfKvmRows, HeldAndInFlightExitsArePlacedAsThePairerFinishes) {
 
 namespace exitscope::sources::bpf {
 namespace {
+
+using analysis::BpfKvmRowOptions;
+using analysis::BpfKvmRows;
+using analysis::BuildBpfKvmRows;
 
 ks_key Access(uint32_t tid, int32_t vcpu, uint8_t kind, uint64_t sub, uint8_t dir, uint8_t size) {
   ks_key k{};

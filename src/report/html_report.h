@@ -19,6 +19,10 @@
 // HtmlPlotOptions::max_slow_points) plus, of the others, the longest and the shortest exit
 // of each of a bounded number of time bins per vCPU; the page says how many it drew of how
 // many. Rate bins, histogram series and table rows are bounded too.
+//
+// Inside, data shaping and the page meet at a plain model (html_report_model.h):
+// html_report.cc and html_report_data.cc decide what each page shows, html_report_page.cc
+// writes the document with the page's style and script (web/report.css, web/report.js).
 #pragma once
 
 #include <cstddef>
@@ -113,8 +117,5 @@ Result<std::string> RenderJointHtml(const Dump& dump, const JointRenderOptions& 
 std::string RenderKvmHtml(const analysis::KvmAnalysis& a, const KvmReportContext& ctx,
                           const KvmRenderOptions& opts, const HtmlExitCollector& exits,
                           std::string_view slow_rule, const HtmlPlotOptions& plot = {});
-
-// Writes a rendered report to `path` ("" or "-": stdout). Errors name the file.
-Status WriteOutputFile(const std::string& path, std::string_view text);
 
 }  // namespace exitscope::report

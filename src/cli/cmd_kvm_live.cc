@@ -34,6 +34,7 @@
 #include "exitscope/metrics.h"
 #include "fmt/format.h"
 #include "report/kvm_report.h"
+#include "sources/host_tsc.h"
 #include "sources/kvm_device_map.h"
 #include "sources/kvm_pairing.h"
 #include "sources/kvm_trace.h"

@@ -42,6 +42,7 @@
 #include "report/format.h"
 #include "report/kvm_report.h"
 #include "sources/bpf/bpf_kvm_stat.h"
+#include "sources/host_tsc.h"
 #include "sources/kvm_device_map.h"
 #include "sources/kvm_pairing.h"
 #include "sources/tracecmd_dat.h"

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "sources/host_tsc.h"
 #include "sources/input_format.h"
 
 namespace exitscope::sources {

@@ -108,13 +108,5 @@ class TraceCmdDat {
   std::vector<uint64_t> per_type_;
 };
 
-// The ClockScale for a trace clock name: identity for nanosecond clocks; for "x86-tsc" (and
-// "counter"), cycles at `tsc_khz` kHz (0: the analysing host's TSC frequency, see
-// HostTscKhz()).
-ClockScale ScaleForClock(std::string_view clock, uint64_t tsc_khz = 0);
-// The TSC frequency of this host in kHz: /sys/devices/system/cpu/cpu0/tsc_freq_khz, else
-// the "tsc: Detected N MHz" / "Refined TSC" line of the kernel log via /proc/cpuinfo's
-// "cpu MHz"; 0 when unknown.
-uint64_t HostTscKhz();
 
 }  // namespace exitscope::sources

@@ -17,6 +17,7 @@
 
 #include "analysis/kvm_stats.h"
 #include "gtest/gtest.h"
+#include "sources/host_tsc.h"
 #include "sources/kvm_input.h"
 #include "sources/kvm_pairing.h"
 #include "sources/tracecmd_dat.h"

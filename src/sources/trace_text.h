@@ -26,7 +26,8 @@
 // (vCPU 0 before any): right for an excerpt of one vCPU, a guess where several interleave.
 //
 // Text does not carry kvm_exit's isa field, only the reason as the kernel printed it: VMX
-// names decode as VMX, SVM names as SVM, bare numbers as PVM when they are PVM reasons.
+// names decode as VMX, SVM names as SVM, HYPERCALL and HC_* names as PVM (HYPERCALL split by
+// its info2 into HC_* as 0x20000 is), bare numbers as PVM when they are PVM reasons.
 // PVM kernels print their reasons through the SVM table ("read_cr0" for DE excp), so a text
 // trace known to come from a PVM host is read with TextOptions::isa = Isa::kPvm.
 #pragma once

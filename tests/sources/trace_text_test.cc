@@ -12,6 +12,8 @@
 #include <tuple>
 #include <vector>
 
+#include <fmt/format.h>
+
 namespace exitscope::sources {
 namespace {
 
@@ -446,6 +448,54 @@ TEST(TraceText, TheRealCaptureTrimmedPairsAsTheUntrimmedLines) {
   EXPECT_EQ(a.exits, b.exits);
   EXPECT_EQ(pa.stats().exits, pb.stats().exits);
   EXPECT_EQ(pa.stats().children_outside_exit, pb.stats().children_outside_exit);
+}
+
+// PVM hypercalls printed by name ("reason HYPERCALL", the number in info2: the maintainers'
+// encoding, as a kernel whose print table names PVM reasons writes it) split into HC_* rows
+// exactly as the same exit printed as "reason 0x20000" does; HC_ reasons printed by name too.
+TEST(TraceText, HypercallByNameSplitsLikeTheBareNumber) {
+  const auto exit_line = [](std::string_view reason, double ts, std::string_view info2) {
+    return fmt::format(
+        "  pvm-4711 [001]  {:.6f}: kvm_exit: vcpu 1 reason {} rip 0xffffffff81001000 info1 "
+        "0x0000000000000000 info2 {} intr_info 0x00000000 error_code 0x00000000\n",
+        ts, reason, info2);
+  };
+  const auto entry_line = [](double ts) {
+    return fmt::format("  pvm-4711 [001]  {:.6f}: kvm_entry: vcpu 1, rip 0xffffffff81001003\n", ts);
+  };
+  const auto reasons = [&](std::string_view hypercall) {
+    std::string text;
+    double ts = 10;
+    // HC_WRMSR (0x17088208), HC_IRQ_HALT (+2), HC_LOAD_PGTBL (+0), a number no HC_ has (9).
+    for (std::string_view info2 :
+         {"0x0000000017088208", "0x0000000017088202", "0x0000000017088200", "0x0000000000000009"}) {
+      text += exit_line(hypercall, ts, info2) + entry_line(ts + 0.000002);
+      ts += 0.00001;
+    }
+    text += exit_line("HC_TLB_FLUSH", ts, "0x0000000000000000") + entry_line(ts + 0.000002);
+    auto t = TraceText::FromString(text, "pvm.txt");
+    EXPECT_TRUE(t.has_value()) << t.error().message;
+    Reasons sink;
+    KvmPairer p({}, &sink);
+    if (t) {
+      EXPECT_TRUE((*t)->ReadAll(&p).has_value());
+    }
+    EXPECT_EQ(p.stats().kernel_exits, 5u);
+    return sink.reasons;
+  };
+  const std::vector<std::string> want = {"HC_WRMSR", "HC_IRQ_HALT", "HC_LOAD_PGTBL", "HYPERCALL",
+                                         "HC_TLB_FLUSH"};
+  EXPECT_EQ(reasons("0x20000"), want);
+  EXPECT_EQ(reasons("HYPERCALL"), want);
+  Parsed p = Parse(exit_line("HYPERCALL", 1, "0x0000000017088208"));
+  ASSERT_EQ(p.kind, TextLineKind::kRecord);
+  EXPECT_EQ(p.rec.isa, 3u);  // PVM
+  EXPECT_EQ(p.rec.exit_reason, 0x20000u);
+  EXPECT_EQ(p.rec.info2, 0x17088208u);
+  EXPECT_TRUE(p.rec.reason_name.empty());  // a table knows it
+  p = Parse(exit_line("HC_WRMSR", 1, "0x0"));
+  EXPECT_EQ(p.rec.isa, 3u);
+  EXPECT_EQ(p.rec.exit_reason, 0x20009u);
 }
 
 }  // namespace

@@ -35,7 +35,16 @@ namespace {
 std::atomic<vmm::Vmm*> g_running_vmm{nullptr};
 std::atomic<bool> g_stop_linger{false};
 
-extern "C" void OnStopSignal(int) {
+// SIGINT, SIGTERM, SIGHUP: stop the guest; the run then reports and writes its dump as at
+// the end (docs/faults.md). After SIGHUP the terminal is gone: writing to it (a pipe to a
+// `tee` that the hangup killed) must fail with EPIPE, not end the run by SIGPIPE before the
+// dump is written.
+extern "C" void OnStopSignal(int signo) {
+  if (signo == SIGHUP) {
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigaction(SIGPIPE, &ignore, nullptr);
+  }
   if (vmm::Vmm* v = g_running_vmm.load()) v->RequestStop();
   g_stop_linger.store(true);
 }
@@ -251,11 +260,14 @@ int RunMain(int argc, char** argv) {
   }
   g_running_vmm.store(vm->get());
   struct sigaction sa {
-  }, old_int{}, old_term{};
+  }, old_int{}, old_term{}, old_hup{};
   sa.sa_handler = OnStopSignal;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
+  // Under nohup SIGHUP comes ignored: it stays so, and the run goes on.
+  sigaction(SIGHUP, nullptr, &old_hup);
+  if (old_hup.sa_handler != SIG_IGN) sigaction(SIGHUP, &sa, nullptr);
   auto result = (*vm)->Run();
   if (metrics) {
     metrics->Collect();
@@ -263,6 +275,7 @@ int RunMain(int argc, char** argv) {
   }
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
+  sigaction(SIGHUP, &old_hup, nullptr);
   g_running_vmm.store(nullptr);
   if (!result) {
     std::fprintf(stderr, "%s: %s\n", self, result.error().message.c_str());

@@ -457,6 +457,15 @@ bool LookupExitReasonName(std::string_view name, uint32_t* code, Isa* isa) noexc
       return true;
     }
   }
+  // PVM's HYPERCALL and HC_ reasons, printed by name by a kernel whose table has them: in
+  // neither table above, numbered alike in both PVM numberings.
+  for (uint32_t i = 0; i < kPvmHcReasons.size(); ++i) {
+    if (kPvmHcReasons[i] == name) {
+      *code = kPvmHypercall + i;
+      *isa = Isa::kPvm;
+      return true;
+    }
+  }
   return false;
 }
 

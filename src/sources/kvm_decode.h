@@ -60,8 +60,9 @@ std::string_view PvmReasonName(uint32_t code, PvmNumbering numbering) noexcept;
 // HC_* name for a PVM raw hypercall number (0x17088200 + n), empty when not a PVM hypercall.
 std::string_view PvmHypercallName(uint64_t nr) noexcept;
 
-// Inverse lookups for text sources, which print names: the VMX / SVM code of a name.
-// Returns false when the name is in neither table.
+// Inverse lookups for text sources, which print names: the VMX / SVM code of a name, or the
+// PVM code of HYPERCALL and the HC_ reasons (0x20000 + n, the same in both numberings; in
+// neither the VMX nor the SVM table). Returns false when no table has the name.
 bool LookupExitReasonName(std::string_view name, uint32_t* code, Isa* isa) noexcept;
 
 // KVM_EXIT_* name without the prefix ("IO", "MMIO", "HLT"); empty when unknown.

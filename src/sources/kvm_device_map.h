@@ -46,7 +46,7 @@ class KvmDeviceMap final : public KvmDeviceResolver {
   // is a few KiB). Dumps given as maps are bounded by the dump reader.
   static constexpr uint64_t kMaxDeviceMapBytes = 16u << 20;
   // Parses the text format above, or QEMU's `info mtree -f` output (FromQemuMtree) when the
-  // text is that.
+  // text is QEMU's (LooksLikeQemuMtreeFlat: pasted from the monitor, or malformed, too).
   static Result<std::unique_ptr<KvmDeviceMap>> Parse(std::string_view text, std::string_view origin,
                                                      const std::string& base_dir = ".");
   static Result<std::unique_ptr<KvmDeviceMap>> LoadText(const std::string& path);

@@ -4,20 +4,18 @@
 
 #include <fmt/format.h>
 
+#include "base/text.h"
+
 namespace exitscope::sources {
 namespace {
 
-std::string_view FirstLine(std::string_view text) noexcept {
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t nl = text.find('\n', pos);
-    if (nl == std::string_view::npos) nl = text.size();
-    std::string_view line = text.substr(pos, nl - pos);
-    pos = nl + 1;
-    while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.remove_suffix(1);
-    if (!line.empty()) return line;
+// A line without its indentation (spaces or tabs: QEMU's, or a ticket's) and trailing blanks.
+std::string_view Body(std::string_view line) noexcept {
+  while (!line.empty() && (line.back() == '\r' || line.back() == ' ' || line.back() == '\t')) {
+    line.remove_suffix(1);
   }
-  return {};
+  while (!line.empty() && (line.front() == ' ' || line.front() == '\t')) line.remove_prefix(1);
+  return line;
 }
 
 bool StartsWith(std::string_view s, std::string_view p) noexcept {
@@ -113,55 +111,97 @@ bool ParseRangeLine(std::string_view line, QemuFlatRange* r, std::string* why) {
   return true;
 }
 
+// "<hex>-<hex> (prio ...": a range line of either tree (`info mtree` with or without -f).
+bool IsRangeLine(std::string_view body) noexcept {
+  const size_t dash = body.find('-');
+  const size_t open = body.find(" (prio ");
+  uint64_t v = 0;
+  return dash != std::string_view::npos && open != std::string_view::npos && dash < open &&
+         ParseHex(body.substr(0, dash), &v) && ParseHex(body.substr(dash + 1, open - dash - 1), &v);
+}
+
+enum class Shape { kNone, kFlat, kTree };
+
+// Whether `text` is QEMU's, by lines only QEMU's monitor prints (none of them is a valid line
+// of the device-map format): the prompt "(qemu)", a view's header lines and ranges.
+Shape Classify(std::string_view text) noexcept {
+  bool qemu = false, tree = false;
+  base::LineSplitter lines(text);
+  for (std::string_view raw; lines.Next(&raw);) {
+    const std::string_view line = Body(raw);
+    if (StartsWith(line, "FlatView #")) return Shape::kFlat;
+    if (StartsWith(line, "address-space: ")) {
+      tree = true;
+    } else if (StartsWith(line, "(qemu)") || StartsWith(line, "AS \"") ||
+               StartsWith(line, "Root memory region: ") || IsRangeLine(line)) {
+      qemu = true;
+    }
+  }
+  return tree ? Shape::kTree : qemu ? Shape::kFlat : Shape::kNone;
+}
+
 }  // namespace
 
 bool LooksLikeQemuMtreeFlat(std::string_view text) noexcept {
-  return StartsWith(FirstLine(text), "FlatView #");
+  return Classify(text) == Shape::kFlat;
 }
 
 bool LooksLikeQemuMtreeTree(std::string_view text) noexcept {
-  return StartsWith(FirstLine(text), "address-space: ");
+  return Classify(text) == Shape::kTree;
 }
 
 Result<std::vector<QemuFlatView>> ParseQemuMtreeFlat(std::string_view text,
                                                      std::string_view origin) {
   std::vector<QemuFlatView> views;
   bool in_dispatch = false;  // inside a view's "Dispatch" section (`info mtree -f -d`)
-  size_t pos = 0, line_no = 0;
-  while (pos < text.size()) {
-    size_t nl = text.find('\n', pos);
-    if (nl == std::string_view::npos) nl = text.size();
-    std::string_view line = text.substr(pos, nl - pos);
-    pos = nl + 1;
-    ++line_no;
-    while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.remove_suffix(1);
+  size_t ended_at = 0;       // the line of the monitor prompt after the tree (0: none yet)
+  base::LineSplitter lines(text);
+  for (std::string_view raw; lines.Next(&raw);) {
+    const size_t line_no = lines.number();
+    // Indentation is dropped: each line says what it is by its content.
+    const std::string_view line = Body(raw);
     if (line.empty()) continue;
     const auto fail = [&](const std::string& why) {
       return Fail(ErrorCode::kInvalidArgument,
-                  fmt::format("{}:{}: {} in `info mtree -f` output: {}", origin, line_no, why,
-                              Excerpt(line)));
+                  fmt::format("{}:{}: {} in QEMU's `info mtree -f` output: {}", origin, line_no,
+                              why, Excerpt(line)));
     };
+    // The monitor's prompt: "(qemu) info mtree -f" before the tree, "(qemu)" after it.
+    if (StartsWith(line, "(qemu)")) {
+      const std::string_view command = Body(line.substr(6));
+      if (views.empty() && !command.empty() && !StartsWith(command, "info mtree")) {
+        return fail(
+            "a monitor command other than `info mtree -f` (paste only that command "
+            "and what it printed)");
+      }
+      if (!views.empty() && ended_at == 0) ended_at = line_no;
+      continue;
+    }
+    if (ended_at != 0) {
+      return fail(
+          fmt::format("text after the monitor prompt of line {}, which ended the tree", ended_at));
+    }
     if (StartsWith(line, "FlatView #")) {
       views.emplace_back();
       in_dispatch = false;
       continue;
     }
-    if (views.empty()) return fail("expected a `FlatView #N` header");
+    if (views.empty()) return fail("expected a `FlatView #N` header first");
     if (in_dispatch) continue;
     QemuFlatView& v = views.back();
-    if (StartsWith(line, " AS \"")) {
-      const size_t end = line.find('"', 5);
+    if (StartsWith(line, "AS \"")) {
+      const size_t end = line.find('"', 4);
       if (end == std::string_view::npos) return fail("unterminated address-space name");
-      v.address_spaces.emplace_back(line.substr(5, end - 5));
+      v.address_spaces.emplace_back(line.substr(4, end - 4));
       continue;
     }
-    if (StartsWith(line, " Root memory region: ")) {
-      const std::string_view root = line.substr(21);
+    if (StartsWith(line, "Root memory region: ")) {
+      const std::string_view root = line.substr(20);
       v.root = root == "(none)" ? std::string() : std::string(root);
       continue;
     }
-    if (line == "  No rendered FlatView") continue;
-    if (line == "  Dispatch") {
+    if (line == "No rendered FlatView") continue;
+    if (line == "Dispatch") {
       in_dispatch = true;
       continue;
     }
@@ -175,8 +215,9 @@ Result<std::vector<QemuFlatView>> ParseQemuMtreeFlat(std::string_view text,
     v.ranges.push_back(std::move(r));
   }
   if (views.empty()) {
-    return Fail(ErrorCode::kInvalidArgument,
-                fmt::format("{}: no `FlatView #N` in it: not `info mtree -f` output", origin));
+    return Fail(
+        ErrorCode::kInvalidArgument,
+        fmt::format("{}: no `FlatView #N` in it: not QEMU's `info mtree -f` output", origin));
   }
   return views;
 }

@@ -17,6 +17,10 @@
 // KVM memory slot) and, under `info mtree -f -o`, with the owner (" owner:{dev id=nvme0}");
 // `info mtree -f -d` appends a "Dispatch" section to each view. Both are accepted and
 // ignored. Flat ranges never overlap.
+//
+// As pasted from the monitor or a ticket: the prompt line "(qemu) info mtree -f" before the
+// tree and "(qemu)" prompt lines after it are skipped, and indentation (spaces or tabs, any
+// amount) is ignored: each line says what it is by its content.
 #pragma once
 
 #include <cstdint>
@@ -46,13 +50,16 @@ struct QemuFlatView {
   std::vector<QemuFlatRange> ranges;
 };
 
-// True when the first non-blank line is a "FlatView #N" header (`info mtree -f`).
+// Whether text is QEMU's, by lines only QEMU's monitor prints (none of them a valid line of
+// the device-map format): a "FlatView #N" header, or no "address-space: " line and one of
+// the prompt "(qemu)", an `AS "..."` or "Root memory region:" line or a range line
+// (`info mtree -f`, malformed or not: ParseQemuMtreeFlat says where).
 bool LooksLikeQemuMtreeFlat(std::string_view text) noexcept;
-// True when the first non-blank line is "address-space: ..." (`info mtree` without -f).
+// "address-space: ..." lines and no "FlatView #N" header (`info mtree` without -f).
 bool LooksLikeQemuMtreeTree(std::string_view text) noexcept;
 
 // Parses `info mtree -f` text (with "\n" or "\r\n" line ends). Errors name
-// "<origin>:<line>: <reason>".
+// "<origin>:<line>: <reason> in QEMU's `info mtree -f` output: '<the line>'".
 Result<std::vector<QemuFlatView>> ParseQemuMtreeFlat(std::string_view text,
                                                      std::string_view origin);
 

@@ -86,6 +86,41 @@ int HexVal(char c) noexcept {
   return -1;
 }
 
+// A timestamp: "sec.frac" (at most 9 fraction digits) in nanoseconds, or an integer counter.
+bool ParseStamp(SV ts, uint64_t* stamp) noexcept {
+  if (ts.empty() || !IsDigit(ts.front())) return false;
+  const size_t dot = ts.find('.');
+  if (dot == SV::npos) {
+    if (!AllDigits(ts)) return false;
+    std::from_chars(ts.data(), ts.data() + ts.size(), *stamp);
+    return true;
+  }
+  uint64_t sec = 0, frac = 0;
+  SV fs = ts.substr(dot + 1);
+  if (!AllDigits(ts.substr(0, dot)) || !AllDigits(fs) || fs.size() > 9) return false;
+  std::from_chars(ts.data(), ts.data() + dot, sec);
+  std::from_chars(fs.data(), fs.data() + fs.size(), frac);
+  for (size_t i = fs.size(); i < 9; ++i) frac *= 10;
+  *stamp = sec * 1'000'000'000ull + frac;
+  return true;
+}
+
+// A line trimmed to its timestamp, as traces are quoted in mails: "220.696239: kvm_exit: ..."
+// (digits, an optional ".digits", ':' and a blank). Sets *colon to the ':'.
+bool TimestampFirst(SV t, size_t* colon) noexcept {
+  size_t k = 0;
+  while (k < t.size() && IsDigit(t[k])) ++k;
+  if (k == 0) return false;
+  if (k < t.size() && t[k] == '.') {
+    const size_t frac = ++k;
+    while (k < t.size() && IsDigit(t[k])) ++k;
+    if (k == frac) return false;
+  }
+  if (k + 1 >= t.size() || t[k] != ':' || (t[k + 1] != ' ' && t[k + 1] != '\t')) return false;
+  *colon = k;
+  return true;
+}
+
 // kvm_exit: "vcpu 0 reason EPT_VIOLATION rip 0x... info1 0x... info2 0x... intr_info ..."
 bool ParseExit(SV p, const TextOptions& o, KvmRecord* r) noexcept {
   uint64_t v = 0;
@@ -346,6 +381,8 @@ std::string_view ToString(TextFlavor f) noexcept {
       return "ftrace";
     case TextFlavor::kPerfScript:
       return "perf script";
+    case TextFlavor::kTimestampOnly:
+      return "timestamp-only lines: threads known only by their vcpu field";
     case TextFlavor::kAuto:
       break;
   }
@@ -373,81 +410,78 @@ TextLineKind ParseTraceLine(std::string_view line, const TextOptions& options, K
   }
   if (t.starts_with("CPU ") && t.ends_with(" is empty")) return TextLineKind::kSkip;
 
-  // The CPU bracket: the first "[digits]".
-  size_t lb = 0;
-  for (;;) {
-    lb = s.find('[', lb);
-    if (lb == SV::npos) return TextLineKind::kBad;
-    size_t k = lb + 1;
-    while (k < s.size() && IsDigit(s[k])) ++k;
-    if (k > lb + 1 && k < s.size() && s[k] == ']') break;
-    ++lb;
-  }
-  const size_t rb = s.find(']', lb);
+  uint64_t stamp = 0;
   uint64_t cpu = 0;
-  std::from_chars(s.data() + lb + 1, s.data() + rb, cpu);
-
-  // Task: "comm-tid", "comm tid", "comm pid/tid", optionally followed by "(tgid)".
-  SV task = TrimRight(s.substr(0, lb));
+  int64_t tid = 0;
   int32_t tgid = -1;
   TextFlavor fl = TextFlavor::kTraceCmdReport;
-  if (!task.empty() && task.back() == ')') {
-    const size_t open = task.rfind('(');
-    if (open == SV::npos) return TextLineKind::kBad;
-    SV g = task.substr(open + 1, task.size() - open - 2);
-    int64_t gv = 0;
-    if (TakeInt(g, &gv)) tgid = static_cast<int32_t>(gv);
-    task = TrimRight(task.substr(0, open));
-    fl = TextFlavor::kFtrace;
-  }
-  const size_t sp = task.find_last_of(" \t");
-  SV last = sp == SV::npos ? task : task.substr(sp + 1);
-  int64_t tid = 0;
-  if (sp != SV::npos && AllDigits(last)) {  // perf: "comm tid"
-    std::from_chars(last.data(), last.data() + last.size(), tid);
-    fl = TextFlavor::kPerfScript;
-  } else if (const size_t slash = last.find('/');
-             sp != SV::npos && slash != SV::npos && AllDigits(last.substr(0, slash)) &&
-             AllDigits(last.substr(slash + 1))) {  // perf: "comm pid/tid"
-    int64_t pid = 0;
-    std::from_chars(last.data(), last.data() + slash, pid);
-    std::from_chars(last.data() + slash + 1, last.data() + last.size(), tid);
-    tgid = static_cast<int32_t>(pid);
-    fl = TextFlavor::kPerfScript;
-  } else {  // ftrace / trace-cmd: "comm-tid"
-    const size_t dash = last.rfind('-');
-    if (dash == SV::npos || !AllDigits(last.substr(dash + 1))) return TextLineKind::kBad;
-    std::from_chars(last.data() + dash + 1, last.data() + last.size(), tid);
-  }
-
-  // After the bracket: [flags] timestamp ':'.
-  SV rest = s.substr(rb + 1);
-  rest = TrimLeft(rest);
-  size_t colon = rest.find(':');
-  if (colon == SV::npos) return TextLineKind::kBad;
-  SV ts = rest.substr(0, colon);
-  if (const size_t sp2 = ts.find_last_of(" \t"); sp2 != SV::npos) {  // latency flags first
-    ts = ts.substr(sp2 + 1);
-    if (fl == TextFlavor::kTraceCmdReport) fl = TextFlavor::kFtrace;
-  }
-  if (ts.empty() || !IsDigit(ts.front())) return TextLineKind::kBad;
-  uint64_t stamp = 0;
-  const size_t dot = ts.find('.');
-  if (dot == SV::npos) {
-    if (!AllDigits(ts)) return TextLineKind::kBad;
-    std::from_chars(ts.data(), ts.data() + ts.size(), stamp);
+  SV rest;
+  size_t colon = 0;
+  const bool trimmed = TimestampFirst(t, &colon);
+  if (trimmed) {
+    // No task and no CPU: the thread is the vCPU the payload names (set below; -1 when it
+    // names none: TraceText::ReadAll gives the record to the last vCPU named), in VM 0.
+    if (!ParseStamp(t.substr(0, colon), &stamp)) return TextLineKind::kBad;
+    tid = -1;
+    tgid = 0;
+    fl = TextFlavor::kTimestampOnly;
+    rest = t.substr(colon + 1);
   } else {
-    uint64_t sec = 0, frac = 0;
-    SV fs = ts.substr(dot + 1);
-    if (!AllDigits(ts.substr(0, dot)) || !AllDigits(fs) || fs.size() > 9) {
-      return TextLineKind::kBad;
+    // The CPU bracket: the first "[digits]".
+    size_t lb = 0;
+    for (;;) {
+      lb = s.find('[', lb);
+      if (lb == SV::npos) return TextLineKind::kBad;
+      size_t k = lb + 1;
+      while (k < s.size() && IsDigit(s[k])) ++k;
+      if (k > lb + 1 && k < s.size() && s[k] == ']') break;
+      ++lb;
     }
-    std::from_chars(ts.data(), ts.data() + dot, sec);
-    std::from_chars(fs.data(), fs.data() + fs.size(), frac);
-    for (size_t i = fs.size(); i < 9; ++i) frac *= 10;
-    stamp = sec * 1'000'000'000ull + frac;
+    const size_t rb = s.find(']', lb);
+    std::from_chars(s.data() + lb + 1, s.data() + rb, cpu);
+
+    // Task: "comm-tid", "comm tid", "comm pid/tid", optionally followed by "(tgid)".
+    SV task = TrimRight(s.substr(0, lb));
+    if (!task.empty() && task.back() == ')') {
+      const size_t open = task.rfind('(');
+      if (open == SV::npos) return TextLineKind::kBad;
+      SV g = task.substr(open + 1, task.size() - open - 2);
+      int64_t gv = 0;
+      if (TakeInt(g, &gv)) tgid = static_cast<int32_t>(gv);
+      task = TrimRight(task.substr(0, open));
+      fl = TextFlavor::kFtrace;
+    }
+    const size_t sp = task.find_last_of(" \t");
+    SV last = sp == SV::npos ? task : task.substr(sp + 1);
+    if (sp != SV::npos && AllDigits(last)) {  // perf: "comm tid"
+      std::from_chars(last.data(), last.data() + last.size(), tid);
+      fl = TextFlavor::kPerfScript;
+    } else if (const size_t slash = last.find('/');
+               sp != SV::npos && slash != SV::npos && AllDigits(last.substr(0, slash)) &&
+               AllDigits(last.substr(slash + 1))) {  // perf: "comm pid/tid"
+      int64_t pid = 0;
+      std::from_chars(last.data(), last.data() + slash, pid);
+      std::from_chars(last.data() + slash + 1, last.data() + last.size(), tid);
+      tgid = static_cast<int32_t>(pid);
+      fl = TextFlavor::kPerfScript;
+    } else {  // ftrace / trace-cmd: "comm-tid"
+      const size_t dash = last.rfind('-');
+      if (dash == SV::npos || !AllDigits(last.substr(dash + 1))) return TextLineKind::kBad;
+      std::from_chars(last.data() + dash + 1, last.data() + last.size(), tid);
+    }
+
+    // After the bracket: [flags] timestamp ':'.
+    rest = TrimLeft(s.substr(rb + 1));
+    colon = rest.find(':');
+    if (colon == SV::npos) return TextLineKind::kBad;
+    SV ts = rest.substr(0, colon);
+    if (const size_t sp2 = ts.find_last_of(" \t"); sp2 != SV::npos) {  // latency flags first
+      ts = ts.substr(sp2 + 1);
+      if (fl == TextFlavor::kTraceCmdReport) fl = TextFlavor::kFtrace;
+    }
+    if (!ParseStamp(ts, &stamp)) return TextLineKind::kBad;
+    rest.remove_prefix(colon + 1);
   }
-  rest.remove_prefix(colon + 1);
   rest = TrimLeft(rest);
   // Event name: "kvm_fpu:" or "kvm:kvm_fpu:".
   colon = rest.find(':');
@@ -460,7 +494,7 @@ TextLineKind ParseTraceLine(std::string_view line, const TextOptions& options, K
     const bool kvm = name == "kvm" || name == "sched";
     name = rest.substr(0, colon);
     rest.remove_prefix(colon + 1);
-    fl = TextFlavor::kPerfScript;
+    if (!trimmed) fl = TextFlavor::kPerfScript;
     if (!kvm) name = {};
   }
   if (flavor != nullptr) *flavor = fl;
@@ -472,6 +506,11 @@ TextLineKind ParseTraceLine(std::string_view line, const TextOptions& options, K
   out->type = KvmEventFromName(name);
   if (out->type == KvmEventType::kOther) return TextLineKind::kRecord;
   if (!ParsePayload(out->type, rest, options, out)) return TextLineKind::kBad;
+  if (trimmed && out->vcpu_id >= 0 &&
+      (out->type == KvmEventType::kExit || out->type == KvmEventType::kEntry ||
+       out->type == KvmEventType::kPageFault)) {
+    out->tid = static_cast<int32_t>(out->vcpu_id);
+  }
   return TextLineKind::kRecord;
 }
 
@@ -537,7 +576,7 @@ Status TraceText::Detect() {
     if (k == TextLineKind::kRecord) {
       flavor_ = fl;
       // Integer timestamp: find the ts token again (cheap: only once).
-      SV s = line.substr(line.find(']') + 1);
+      SV s = fl == TextFlavor::kTimestampOnly ? line : line.substr(line.find(']') + 1);
       s = TrimLeft(s);
       SV ts = s.substr(0, s.find(':'));
       clock_ = ts.find('.') == SV::npos ? "x86-tsc" : "local";
@@ -561,12 +600,21 @@ Status TraceText::ReadAll(KvmPairer* pairer) {
   size_t pos = 0;
   lines_ = 0;
   records_ = 0;
+  int32_t vcpu_tid = 0;  // timestamp-only lines: the thread of the last vCPU a line named
   while (pos < size_) {
     const char* nl = static_cast<const char*>(std::memchr(data_ + pos, '\n', size_ - pos));
     const size_t end = nl ? static_cast<size_t>(nl - data_) : size_;
     SV line(data_ + pos, end - pos);
     ++lines_;
-    const TextLineKind kind = ParseTraceLine(line, options_, &rec, &lost);
+    TextFlavor fl = TextFlavor::kAuto;
+    const TextLineKind kind = ParseTraceLine(line, options_, &rec, &lost, &fl);
+    if (kind == TextLineKind::kRecord && fl == TextFlavor::kTimestampOnly) {
+      if (rec.tid >= 0) {
+        vcpu_tid = rec.tid;
+      } else {
+        rec.tid = vcpu_tid;  // no vcpu field (kvm_pio, kvm_userspace_exit, ...)
+      }
+    }
     if (nl == nullptr && kind != TextLineKind::kSkip) {
       // The file ends inside this line: a cut record must not be read as a shorter one
       // ("val 0x4" for "val 0x41"), so a last event line without its newline is refused.

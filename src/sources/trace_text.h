@@ -16,8 +16,18 @@
 // "CPU:N [LOST M EVENTS]" lines report ring-buffer losses. Comment lines ("#"), trace-cmd's
 // "cpus=N" / "version = N" and "CPU N is empty" are skipped.
 //
+// Lines trimmed to their timestamp, as traces are quoted in mails, are read too:
+//
+//   trimmed:           220.696239: kvm_exit: vcpu 0 reason vintr rip 0x4004ae info1 0x0 ...
+//
+// They name no task and no CPU, so the thread is the vCPU: a record whose payload names one
+// (kvm_exit, kvm_entry, kvm_page_fault: "vcpu N") is thread N of VM 0, any other record
+// (kvm_pio, kvm_mmio, kvm_userspace_exit, ...) goes to the vCPU the last such line named
+// (vCPU 0 before any): right for an excerpt of one vCPU, a guess where several interleave.
+//
 // Text does not carry kvm_exit's isa field, only the reason as the kernel printed it: VMX
-// names decode as VMX, SVM names as SVM, bare numbers as PVM when they are PVM reasons.
+// names decode as VMX, SVM names as SVM, HYPERCALL and HC_* names as PVM (HYPERCALL split by
+// its info2 into HC_* as 0x20000 is), bare numbers as PVM when they are PVM reasons.
 // PVM kernels print their reasons through the SVM table ("read_cr0" for DE excp), so a text
 // trace known to come from a PVM host is read with TextOptions::isa = Isa::kPvm.
 #pragma once
@@ -34,7 +44,13 @@
 
 namespace exitscope::sources {
 
-enum class TextFlavor : uint8_t { kAuto = 0, kTraceCmdReport, kFtrace, kPerfScript };
+enum class TextFlavor : uint8_t {
+  kAuto = 0,
+  kTraceCmdReport,
+  kFtrace,
+  kPerfScript,
+  kTimestampOnly,  // lines trimmed to their timestamp (above)
+};
 std::string_view ToString(TextFlavor f) noexcept;
 
 struct TextOptions {

@@ -132,4 +132,24 @@ TEST_F(KvmCli, ExitsWithoutEntriesGiveSamplesAndUnknownTimes) {
   EXPECT_NE(json["notes"][0].get<std::string>().find("Time unknown"), std::string::npos);
 }
 
+// A trace trimmed to its timestamps, as quoted in mails (testdata/kvm/README.md): read, and
+// the input line says the threads are known only by their vcpu field.
+TEST_F(KvmCli, TraceTrimmedToTimestampsSaysSoInTheInputLine) {
+  const std::string path =
+      std::string(EXITSCOPE_TESTDATA_DIR) + "/kvm/pvm-user64-pio-mmio-hlt-trimmed.txt";
+  const CmdResult r = Exec("kvm report -i " + path + " --tsc-mhz 2596 --event ioport");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("Input: " + path +
+                       " (timestamp-only lines: threads known only by their vcpu field), 120 "
+                       "records, 22 exits paired (0 kvm_exit->kvm_entry, 22 reached userspace), "
+                       "1 open at end of trace"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("          0x3f8:POUT         22 "), std::string::npos) << r.out;
+  const CmdResult j = Exec("kvm report -i " + path + " --tsc-mhz 2596 --format json");
+  ASSERT_EQ(j.status, 0) << j.out;
+  EXPECT_EQ(nlohmann::json::parse(j.out)["input"]["format"],
+            "timestamp-only lines: threads known only by their vcpu field");
+}
+
 }  // namespace

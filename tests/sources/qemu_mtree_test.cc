@@ -6,10 +6,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <set>
 #include <sstream>
 #include <string>
+
+#include <fmt/format.h>
 
 #include "sources/kvm_device_map.h"
 
@@ -116,6 +119,130 @@ TEST(QemuMtree, OwnerAndDispatchVariantsParseToTheSameRanges) {
   ASSERT_FALSE(plain.empty());
   EXPECT_EQ(ranges(kDir + "qemu-7.2-q35-pciexbar-mtree-f-o.txt"), plain);
   EXPECT_EQ(ranges(kDir + "qemu-7.2-q35-pciexbar-mtree-f-d.txt"), plain);
+}
+
+// The ranges of every view, by address space, for comparing two parses.
+std::set<std::tuple<std::string, uint64_t, uint64_t, std::string, uint64_t, std::string>> AllRanges(
+    const std::vector<QemuFlatView>& views) {
+  std::set<std::tuple<std::string, uint64_t, uint64_t, std::string, uint64_t, std::string>> out;
+  for (const QemuFlatView& v : views) {
+    for (const std::string& as : v.address_spaces) {
+      for (const QemuFlatRange& r : v.ranges)
+        out.emplace(as, r.start, r.last, r.name, r.region_offset, r.type);
+    }
+  }
+  return out;
+}
+
+// Each line of `text` with its leading spaces replaced by `per_space` for each.
+std::string Reindent(const std::string& text, const std::string& per_space,
+                     const std::string& eol = "\n") {
+  std::string out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    size_t n = 0;
+    while (n < line.size() && line[n] == ' ') ++n;
+    for (size_t i = 0; i < n; ++i) out += per_space;
+    out += line.substr(n) + eol;
+  }
+  return out;
+}
+
+TEST(QemuMtree, TreesPastedFromTheMonitorOrATicketGiveTheSameMap) {
+  // The real tree as the monitor's screen shows it ("(qemu) info mtree -f", the tree, the
+  // next "(qemu) " prompt) and that indented by four spaces, as a ticket holds it
+  // (testdata/kvm-host/README.md).
+  auto plain = ParseQemuMtreeFlat(ReadFile(kQ35), kQ35);
+  ASSERT_TRUE(plain) << plain.error().message;
+  const auto want = AllRanges(*plain);
+  ASSERT_FALSE(want.empty());
+  for (const std::string name :
+       {"qemu-7.2-q35-mtree-f-monitor.txt", "qemu-7.2-q35-mtree-f-ticket.txt"}) {
+    const std::string text = ReadFile(kDir + name);
+    ASSERT_FALSE(text.empty()) << name;
+    EXPECT_TRUE(LooksLikeQemuMtreeFlat(text)) << name;
+    EXPECT_FALSE(LooksLikeQemuMtreeTree(text)) << name;
+    auto views = ParseQemuMtreeFlat(text, name);
+    ASSERT_TRUE(views) << views.error().message;
+    EXPECT_EQ(AllRanges(*views), want) << name;
+    auto m = KvmDeviceMap::Load(kDir + name);  // --device-map's loader
+    ASSERT_TRUE(m) << m.error().message;
+    EXPECT_EQ((*m)->device_count(), (*KvmDeviceMap::Load(kQ35))->device_count());
+    EXPECT_EQ(Look(**m, SubKeyKind::kPort, 0x3f8, 1, AccessDir::kWrite).reg, "THR") << name;
+    EXPECT_EQ(Look(**m, SubKeyKind::kMmio, 0xfebf1008, 4, AccessDir::kWrite).reg, "SQ1TDBL");
+    EXPECT_EQ(Look(**m, SubKeyKind::kPort, 0x71, 1).device, "rtc") << name;
+  }
+  // Any other indentation: QEMU's levels doubled, tabs for spaces, CRLF line ends, and more
+  // prompts after the tree (the monitor's next commands, typed or not).
+  const std::string monitor = ReadFile(kDir + "qemu-7.2-q35-mtree-f-monitor.txt");
+  for (const std::string& text :
+       {Reindent(monitor, "  "), Reindent(monitor, "\t"), Reindent(monitor, " ", "\r\n"),
+        "  " + Reindent(ReadFile(kQ35), "   "),
+        monitor + "info mtree -f -o\n(qemu)\n(qemu) quit\n"}) {
+    auto views = ParseQemuMtreeFlat(text, "pasted.txt");
+    ASSERT_TRUE(views) << views.error().message;
+    EXPECT_EQ(AllRanges(*views), want);
+    EXPECT_TRUE(KvmDeviceMap::Parse(text, "pasted.txt"));
+  }
+  // `info mtree` without -f, pasted with its prompt, is still told to add -f.
+  const std::string tree =
+      "(qemu) info mtree\n" + Reindent(ReadFile(kDir + "qemu-7.2-q35-mtree.txt"), "  ");
+  EXPECT_TRUE(LooksLikeQemuMtreeTree(tree));
+  auto refused = KvmDeviceMap::Parse(tree, "tree.txt");
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("without -f"), std::string::npos);
+}
+
+TEST(QemuMtree, PastedTreesThatAreMalformedSayTheyAreQemusAndWhere) {
+  const auto err = [](const std::string& text) {
+    auto r = KvmDeviceMap::Parse(text, "m.txt");
+    return r ? std::string("ok") : r.error().message;
+  };
+  const auto line_of = [](const std::string& text, const std::string& needle) -> long {
+    const size_t at = text.find(needle);
+    return at == std::string::npos ? 0 : 1 + std::count(text.begin(), text.begin() + at, '\n');
+  };
+  const std::string ticket = ReadFile(kDir + "qemu-7.2-q35-mtree-f-ticket.txt");
+  const std::string monitor = ReadFile(kDir + "qemu-7.2-q35-mtree-f-monitor.txt");
+  // One range line damaged in the middle of the pasted tree (its comma lost in the copy).
+  std::string damaged = ticket;
+  const size_t at = damaged.find("(prio 0, i/o): serial");
+  ASSERT_NE(at, std::string::npos);
+  damaged.replace(at, 9, "(prio 0 ");
+  std::string e = err(damaged);
+  EXPECT_EQ(e.rfind(fmt::format("m.txt:{}: ", line_of(damaged, "(prio 0 i/o): serial")), 0), 0u)
+      << e;
+  EXPECT_NE(e.find("in QEMU's `info mtree -f` output"), std::string::npos) << e;
+  EXPECT_NE(e.find("serial"), std::string::npos) << e;  // the line itself, quoted
+  EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  // The top of the tree not copied: QEMU's, and the first line is where it goes wrong.
+  const std::string cut = monitor.substr(monitor.find(" AS \"I/O\""));
+  e = err(cut);
+  EXPECT_EQ(e.rfind("m.txt:1: expected a `FlatView #N` header first in QEMU's `info mtree -f` "
+                    "output: 'AS \"I/O\", root: io'",
+                    0),
+            0u)
+      << e;
+  // Only range lines (headers left out): still QEMU's, not the device-map format.
+  e = err("  00000000000003f8-00000000000003ff (prio 0, i/o): serial\n");
+  EXPECT_EQ(e.rfind("m.txt:1: expected a `FlatView #N` header first in QEMU's", 0), 0u) << e;
+  // Another monitor command before the tree, and the output of one after it.
+  e = err("(qemu) info pci\n" + monitor);
+  EXPECT_EQ(e.rfind("m.txt:1: a monitor command other than `info mtree -f`", 0), 0u) << e;
+  const std::string more = monitor + "info pci\n  Bus  0, device   0, function 0:\n";
+  e = err(more);
+  EXPECT_EQ(e.rfind(fmt::format("m.txt:{}: text after the monitor prompt of line {}, which ended "
+                                "the tree in QEMU's `info mtree -f` output: 'Bus  0, device",
+                                line_of(more, "  Bus"), line_of(more, "(qemu) info pci")),
+                    0),
+            0u)
+      << e;
+  // The prompt alone.
+  e = err("(qemu) info mtree -f\n(qemu) \n");
+  EXPECT_EQ(e, "m.txt: no `FlatView #N` in it: not QEMU's `info mtree -f` output");
+  // The device-map format keeps its own message.
+  EXPECT_NE(err("uart0 uart16550 pio 0x3f8\n").find("m.txt:1: expected `name kind"),
+            std::string::npos);
 }
 
 TEST(QemuMtree, PortsResolveToQemuRegionNamesAndBuiltinRegisters) {

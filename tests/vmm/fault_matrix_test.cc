@@ -415,6 +415,160 @@ TEST_F(FaultMatrix, Sigusr1StormWhileTheGuestRuns) {
   ExpectNothingLost(**vmm, *r);
 }
 
+// ---- Signals to `exitscope run` -----------------------------------------------------------
+
+// Whether process `pid` runs the exitscope binary and has a handler for `sig` (SigCgt).
+bool ExitscopeCatches(pid_t pid, int sig) {
+  const std::string proc = "/proc/" + std::to_string(pid);
+  std::string comm;
+  std::getline(std::ifstream(proc + "/comm"), comm);
+  if (comm != "exitscope") return false;  // not yet exec'd
+  std::ifstream in(proc + "/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("SigCgt:", 0) == 0)
+      return (std::stoull(line.substr(7), nullptr, 16) >> (sig - 1)) & 1;
+  }
+  return false;
+}
+
+// Waits until `pid` has its stop handlers (SIGTERM's comes with SIGINT's and SIGHUP's), then
+// up to 2 s more for a handler of `sig`: a run that never takes `sig` gets it all the same.
+void WaitForStopHandlers(pid_t pid, int sig) {
+  for (int i = 0; i < 3000 && !ExitscopeCatches(pid, SIGTERM); ++i)
+    std::this_thread::sleep_for(milliseconds(10));
+  for (int i = 0; i < 200 && !ExitscopeCatches(pid, sig); ++i)
+    std::this_thread::sleep_for(milliseconds(10));
+}
+
+std::vector<std::string> IdleRunArgs(const fs::path& dir, const fs::path& dump) {
+  // ~1000 s of HLT rounds: only a signal ends it.
+  return {test::ExitscopeBinary(),
+          "run",
+          "--guest",
+          "idle",
+          "--guest-arg",
+          "1000000",
+          "--vcpus",
+          "1",
+          "--serial",
+          (dir / "serial.txt").string(),
+          "--dump",
+          dump.string()};
+}
+
+// SIGINT (Ctrl-C), SIGTERM (kill) and SIGHUP (the terminal closed, an ssh session dropped)
+// stop the guest; the run reports and writes its dump as at the end, and exits 0.
+TEST_F(FaultMatrix, StopSignalsToExitscopeRunWriteTheDumpAsAtTheEnd) {
+  SKIP_WITHOUT_KVM();
+  ASSERT_TRUE(fs::exists(test::ExitscopeBinary())) << test::ExitscopeBinary() << " not built";
+  for (const int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    SCOPED_TRACE(strsignal(sig));
+    const fs::path dump = dir / ("stopped-by-" + std::to_string(sig) + ".esdump");
+    const test::Ran r = test::Run(IdleRunArgs(dir, dump), [&](pid_t pid) {
+      WaitForStopHandlers(pid, sig);
+      ASSERT_EQ(0, kill(pid, sig));
+    });
+    EXPECT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.err.find(": STOPPED after "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("  dump: " + dump.string()), std::string::npos) << r.err;
+    EXPECT_FALSE(r.out.empty());  // the exit-health report
+    auto d = ReadDump(dump.string());
+    ASSERT_TRUE(d) << d.error().message;
+    ASSERT_EQ(d->vcpus.size(), 1u);
+    EXPECT_GT(d->vcpus[0].exits.size(), 0u);
+    ExpectDumpAccountsForEveryRecord(*d);
+  }
+}
+
+// The hangup of `exitscope run ... | tee run.log`: the terminal's processes die with it, so
+// stdout and stderr are pipes nobody reads. The run still stops, writes its dump and exits by
+// itself (its report's writes fail with EPIPE instead of killing it with SIGPIPE).
+TEST_F(FaultMatrix, SighupWithTheReaderOfItsOutputGoneStillWritesTheDump) {
+  SKIP_WITHOUT_KVM();
+  ASSERT_TRUE(fs::exists(test::ExitscopeBinary())) << test::ExitscopeBinary() << " not built";
+  const fs::path dump = dir / "hangup.esdump";
+  const std::vector<std::string> args = IdleRunArgs(dir, dump);
+  int fds[2];
+  ASSERT_EQ(0, pipe2(fds, O_CLOEXEC));
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    dup2(fds[1], 1);
+    dup2(fds[1], 2);
+    std::vector<char*> argv;
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(fds[0]);  // the reader is gone
+  close(fds[1]);
+  WaitForStopHandlers(pid, SIGHUP);
+  ASSERT_EQ(0, kill(pid, SIGHUP));
+  int st = 0;
+  ASSERT_EQ(pid, waitpid(pid, &st, 0));
+  EXPECT_TRUE(WIFEXITED(st)) << "killed by signal " << (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+  auto d = ReadDump(dump.string());
+  ASSERT_TRUE(d) << d.error().message;
+  ASSERT_EQ(d->vcpus.size(), 1u);
+  ExpectDumpAccountsForEveryRecord(*d);
+}
+
+// Under nohup SIGHUP is ignored when the run starts: it stays ignored and the guest goes on
+// (SIGTERM then stops it, with its dump).
+TEST_F(FaultMatrix, SighupUnderNohupIsIgnored) {
+  SKIP_WITHOUT_KVM();
+  ASSERT_TRUE(fs::exists(test::ExitscopeBinary())) << test::ExitscopeBinary() << " not built";
+  const fs::path dump = dir / "nohup.esdump";
+  struct sigaction ignore {
+  }, old{};
+  ignore.sa_handler = SIG_IGN;
+  ASSERT_EQ(0, sigaction(SIGHUP, &ignore, &old));  // inherited through fork and exec
+  bool running_after_hup = false;
+  const test::Ran r = test::Run(IdleRunArgs(dir, dump), [&](pid_t pid) {
+    WaitForStopHandlers(pid, SIGTERM);
+    sigaction(SIGHUP, &old, nullptr);
+    ASSERT_EQ(0, kill(pid, SIGHUP));
+    std::this_thread::sleep_for(milliseconds(500));
+    running_after_hup = kill(pid, 0) == 0 && !fs::exists(dump);
+    ASSERT_EQ(0, kill(pid, SIGTERM));
+  });
+  sigaction(SIGHUP, &old, nullptr);
+  EXPECT_TRUE(running_after_hup);
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(ReadDump(dump.string())) << r.err;
+}
+
+// SIGKILL cannot be caught: the run ends on the spot, writes nothing more, and what remains is
+// what was written before it: here a SIGUSR1 dump (complete, readable), never the end dump.
+TEST_F(FaultMatrix, SigkillToExitscopeRunLeavesOnlyTheDumpsWrittenBefore) {
+  SKIP_WITHOUT_KVM();
+  ASSERT_TRUE(fs::exists(test::ExitscopeBinary())) << test::ExitscopeBinary() << " not built";
+  const fs::path dump = dir / "never.esdump";
+  const fs::path cwd = fs::current_path();
+  fs::current_path(dir);  // SIGUSR1 dumps go to the run's working directory
+  std::string sigusr1_dump;
+  const test::Ran r = test::Run(IdleRunArgs(dir, dump), [&](pid_t pid) {
+    for (int i = 0; i < 3000 && !ExitscopeCatches(pid, SIGUSR1); ++i)
+      std::this_thread::sleep_for(milliseconds(10));
+    ASSERT_EQ(0, kill(pid, SIGUSR1));
+    for (int i = 0; i < 3000 && sigusr1_dump.empty(); ++i) {
+      for (const std::string& name : FilesIn(dir))
+        if (name.rfind("exitscope-", 0) == 0 && name.ends_with(".esdump")) sigusr1_dump = name;
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+    ASSERT_EQ(0, kill(pid, SIGKILL));
+  });
+  fs::current_path(cwd);
+  EXPECT_EQ(r.status, 128 + SIGKILL);
+  ASSERT_FALSE(sigusr1_dump.empty()) << r.err;
+  auto d = ReadDump((dir / sigusr1_dump).string());
+  ASSERT_TRUE(d) << d.error().message;
+  ASSERT_EQ(d->vcpus.size(), 1u);
+  ExpectDumpAccountsForEveryRecord(*d);
+  EXPECT_FALSE(fs::exists(dump));
+}
+
 // ---- The disk misbehaves (no KVM needed) --------------------------------------------------
 
 // A child writes the same dump path over and over and is SIGKILLed at random points, 20

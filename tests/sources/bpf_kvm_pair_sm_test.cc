@@ -1,6 +1,7 @@
-// sources/bpf/kvm_pair_sm.h, the pairing state machine of `kvm stat --bpf`, compiled here as
-// the BPF program compiles it, fed every committed trace-cmd .dat under testdata/ and checked
-// against KvmPairer (sources/kvm_pairing.h), without root and without BPF.
+// sources/bpf/kvm_pair_sm.h, the pairing state machine of `kvm stat --bpf`, compiled here
+// (as C++, and as ISO C11 in bpf_kvm_pair_sm_c11.c: both must count alike), fed every
+// committed trace-cmd .dat under testdata/ and checked against KvmPairer
+// (sources/kvm_pairing.h), without root and without BPF.
 //
 // Each .dat is read once through KvmInput (the reader `kvm report` uses), its kvm records kept
 // in order; then they are replayed into a KvmPairer and into the state machine, the way the
@@ -121,6 +122,17 @@ static void ks_sm_add_sample(struct ks_thread* t, const struct ks_key* kin, __u6
 }
 
 #include "sources/bpf/kvm_pair_sm.h"
+
+// The same header compiled as ISO C11 (bpf_kvm_pair_sm_c11.c), its hooks the same maps.
+extern "C" {
+int ks_c11_record(struct ks_thread* t, const struct ks_rec* r, __u32 tid);
+struct ks_counters* ks_c11_counters(void) {
+  return ks_sm_counters();
+}
+void ks_c11_add_sample(struct ks_thread* t, const struct ks_key* k, __u64 d, int timed) {
+  ks_sm_add_sample(t, k, d, timed);
+}
+}
 
 namespace exitscope::sources::bpf {
 namespace {
@@ -285,15 +297,18 @@ struct Program {
   }
 };
 
-// The tracepoint pairing: every attached record through ks_sm_record.
-void RunTracepointPairing(const Capture& c, const std::vector<KvmRecord>& records, Program* prog) {
+// The tracepoint pairing: every attached record through ks_sm_record (or `record`: the C11
+// copy's).
+using RecordFn = int (*)(ks_thread*, const ks_rec*, __u32);
+void RunTracepointPairing(const Capture& c, const std::vector<KvmRecord>& records, Program* prog,
+                          RecordFn record = &ks_sm_record) {
   g_maps = &prog->maps;
   for (const KvmRecord& r : records) {
     if (!Attached(r.type)) continue;
     const uint64_t ns = c.scale.ToNs(r.ts);
     ks_thread* t = prog->ThreadOf(r, ns);
     const ks_rec x = RecOf(r, ns);
-    ks_sm_record(t, &x, t->tid);
+    record(t, &x, t->tid);
   }
   g_maps = nullptr;
 }
@@ -911,6 +926,36 @@ TEST(BpfKvmPairSm, AnOpenWindowAtTheEndIsTheOneDifference) {
   EXPECT_EQ(closed.stats.kernel_accesses, 3u);
   EXPECT_TRUE(PerKeyDifferences(closed).empty());
   EXPECT_TRUE(RowDifferences(closed).empty());
+}
+
+// C11, as the BPF program is written (clang -target bpf), and C++ make the same state
+// machine of the header: on every capture and random run, the same maps and threads.
+TEST(BpfKvmPairSm, CompiledAsC11ItCountsAsCompiledAsCpp) {
+  std::vector<Capture> all(Captures().begin(), Captures().end());
+  for (uint64_t seed = 1; seed <= 10; ++seed) {
+    all.push_back(RandomCapture(seed, false, 3, 400));
+    all.push_back(RandomCapture(seed, true, 3, 400));
+  }
+  for (const Capture& c : all) {
+    SCOPED_TRACE(c.name);
+    Program cpp, c11;
+    RunTracepointPairing(c, c.records, &cpp);
+    RunTracepointPairing(c, c.records, &c11, &ks_c11_record);
+    ASSERT_EQ(cpp.maps.slots.size(), c11.maps.slots.size());
+    EXPECT_TRUE(std::equal(cpp.maps.slots.begin(), cpp.maps.slots.end(), c11.maps.slots.begin(),
+                           [](const auto& a, const auto& b) {
+                             return std::memcmp(&a.first, &b.first, sizeof a.first) == 0 &&
+                                    std::memcmp(&a.second.stats, &b.second.stats,
+                                                sizeof(ks_stats)) == 0 &&
+                                    a.second.buckets == b.second.buckets;
+                           }));
+    EXPECT_EQ(std::memcmp(&cpp.maps.counters, &c11.maps.counters, sizeof(ks_counters)), 0);
+    ASSERT_EQ(cpp.threads.size(), c11.threads.size());
+    for (const auto& [tid, t] : cpp.threads) {
+      EXPECT_EQ(std::memcmp(&t, &c11.threads.at(tid), sizeof(ks_thread)), 0) << "thread " << tid;
+    }
+    EXPECT_FALSE(cpp.maps.slots.empty());
+  }
 }
 
 // The checks can fail: a record the program would miss (one kvm_fpu load of the longest

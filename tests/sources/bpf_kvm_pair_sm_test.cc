@@ -93,7 +93,7 @@ static struct ks_counters* ks_sm_counters(void) {
   return &g_maps->counters;
 }
 
-// kvm_stat.bpf.c's add_sample, over a std::map instead of the BPF maps: the key completed
+// kvm_stat.bpf.c's ks_sm_add_sample, over a std::map instead of the BPF maps: the key completed
 // with the thread's ids, then count / sum / min / max / sum of squares and the bucket.
 static void ks_sm_add_sample(struct ks_thread* t, const struct ks_key* kin, __u64 d, int timed) {
   ks_key k = *kin;

@@ -5,18 +5,11 @@
  * sum, min, max, sum of squares and a log-linear histogram with the buckets of
  * base/histogram.h: nothing is streamed to userspace, memory is fixed by the map sizes.
  *
- * The pairing is sources/kvm_pairing.cc's KvmPairer, state machine for state machine (read
- * its header for the kernel's emit order this follows):
- *   - kvm_exit -> next kvm_entry on the thread (VMX / SVM / PVM hosts that fire them); the
- *     children between them (kvm_pio, kvm_mmio, kvm_msr, kvm_hypercall, vcpu_match_mmio)
- *     give the sub-key;
- *   - where kvm_exit never fires (kvm-pvm): kvm_userspace_exit -> the next kvm_fpu load; a
- *     run window's last pio_write / mmio write or unsatisfied-read / kvm_hypercall is the
- *     exit's own access, a read's completion comes first in the next window, every other
- *     access was handled in the kernel and is counted as such.
- * The one difference: the window is not kept whole. Accesses that can never be an exit's
- * own (reads, MSRs) are counted as handled in the kernel when they come, and only the last
- * candidate of each kind is kept; the counts are the same.
+ * The pairing is sources/kvm_pairing.cc's KvmPairer, state machine for state machine, and it
+ * lives in kvm_pair_sm.h (included below, after the two hooks it calls: ks_sm_counters and
+ * ks_sm_add_sample), which a userspace test compiles too and checks against KvmPairer on
+ * every committed trace-cmd .dat (tests/sources/bpf_kvm_pair_sm_test.cc). This file holds
+ * the maps, the decoding of each tracepoint's fields into a struct ks_rec, and the programs.
  *
  * Field offsets come from the tracepoints' format files (the loader writes them into `cfg`
  * before load; the verifier sees them as constants), so one object runs on any kernel layout
@@ -105,31 +98,8 @@ struct {
 /* Initial values of new map entries (the stack is too small for a ks_thread). */
 static const struct ks_thread zero_thread;
 
-/* One decoded record (only what `type` defines is set). */
-struct rec {
-  __u64 ts;
-  __u64 addr;
-  __u64 info1, info2;
-  __u32 type;
-  __u32 write;
-  __u32 size;
-  __u32 mmio_type;
-  __u32 exit_reason, isa;
-  __u32 reason;
-  __s32 err;
-  __s32 vcpu_id;
-  __u32 insn_dir;
-};
-
-#define MMIO_UNSATISFIED_READ 0
-#define MMIO_READ 1
-#define MMIO_WRITE 2
-
-#define KVM_EXIT_IO 2
-#define KVM_EXIT_HYPERCALL 3
-#define KVM_EXIT_MMIO 6
-
-static __always_inline struct ks_counters* counters(void) {
+/* The hooks of kvm_pair_sm.h: the per-CPU counters and one sample of a key. */
+static __always_inline struct ks_counters* ks_sm_counters(void) {
   __u32 zero = 0;
   return bpf_map_lookup_elem(&ks_counters, &zero);
 }
@@ -212,8 +182,8 @@ static __always_inline struct ks_slot* slot_of(struct ks_thread* t, const struct
 }
 
 /* Adds one sample of key k (duration d when timed). */
-static __noinline void add_sample(struct ks_thread* t, const struct ks_key* kin, __u64 d,
-                                  int timed) {
+static __noinline void ks_sm_add_sample(struct ks_thread* t, const struct ks_key* kin, __u64 d,
+                                        int timed) {
   struct ks_key k = *kin;
   k.tgid = t->tgid;
   k.tid = t->tid;
@@ -221,7 +191,7 @@ static __noinline void add_sample(struct ks_thread* t, const struct ks_key* kin,
   k.pad[0] = k.pad[1] = k.pad[2] = 0;
   struct ks_slot* s = slot_of(t, &k);
   if (!s) {
-    struct ks_counters* c = counters();
+    struct ks_counters* c = ks_sm_counters();
     if (c) c->keys_full++;
     return;
   }
@@ -248,7 +218,7 @@ static __noinline void add_sample(struct ks_thread* t, const struct ks_key* kin,
     if (row) {
       row->n[b % KS_ROW_BUCKETS]++;
     } else {
-      struct ks_counters* c = counters();
+      struct ks_counters* c = ks_sm_counters();
       if (c) c->buckets_full++;
     }
   }
@@ -267,377 +237,14 @@ static __noinline void add_sample(struct ks_thread* t, const struct ks_key* kin,
   st->sq_hi += sq_hi + (st->sq_lo < old ? 1 : 0);
 }
 
-/* An access handled in the kernel (no exit record of its own): counted, no time. */
-static __always_inline void emit_access(struct ks_thread* t, const struct ks_access* a) {
-  struct ks_key k = {};
-  k.flags = KS_F_KERNEL_ACCESS | KS_F_NOT_TRACED;
-  k.subkind = a->kind;
-  k.subkey = a->key;
-  k.dir = a->dir;
-  k.size = a->size;
-  add_sample(t, &k, 0, 0);
-}
-
-/* Counts the window's candidates as handled in the kernel, but the exit's own (OWN_*). */
-#define OWN_NONE 0
-#define OWN_PIO 1
-#define OWN_MMIO 2
-#define OWN_HC 3
-static __always_inline void emit_candidates(struct ks_thread* t, int own) {
-  if (t->cand_pio.kind && own != OWN_PIO) emit_access(t, &t->cand_pio);
-  if (t->cand_mmio.kind && own != OWN_MMIO) emit_access(t, &t->cand_mmio);
-  if (t->cand_hc.kind && own != OWN_HC) emit_access(t, &t->cand_hc);
-  t->cand_pio.kind = t->cand_mmio.kind = t->cand_hc.kind = 0;
-}
-
-static __always_inline void clear_window(struct ks_thread* t) {
-  struct ks_counters* c = counters();
-  __u64 n = (t->cand_pio.kind != 0) + (t->cand_mmio.kind != 0) + (t->cand_hc.kind != 0);
-  if (c) c->children_outside_exit += n;
-  t->cand_pio.kind = t->cand_mmio.kind = t->cand_hc.kind = 0;
-  t->child.kind = 0;
-}
-
-static __always_inline void set_access(struct ks_access* a, __u8 kind, __u64 key, __u8 dir,
-                                       __u8 size, __u8 unsat) {
-  a->kind = kind;
-  a->key = key;
-  a->dir = dir;
-  a->size = size;
-  a->unsatisfied = unsat;
-}
-
-/* KvmPairer::AddChild (kernel exits). */
-static __always_inline void add_child(struct ks_thread* t, const struct rec* r) {
-  struct ks_access* c = &t->child;
-  switch (r->type) {
-    case KS_EV_PIO:
-      if (!r->write && c->kind == KS_SUB_PORT && c->key == r->addr && c->dir == KS_DIR_READ)
-        break; /* completion of an IN handled before kvm_entry */
-      set_access(c, KS_SUB_PORT, r->addr, r->write ? KS_DIR_WRITE : KS_DIR_READ, r->size, 0);
-      break;
-    case KS_EV_MMIO:
-      if (r->mmio_type == MMIO_READ && c->kind == KS_SUB_MMIO && c->key == r->addr) break;
-      set_access(c, KS_SUB_MMIO, r->addr, r->mmio_type == MMIO_WRITE ? KS_DIR_WRITE : KS_DIR_READ,
-                 r->size, 0);
-      break;
-    case KS_EV_VCPU_MATCH_MMIO:
-      if (c->kind == KS_SUB_NONE)
-        set_access(c, KS_SUB_MMIO, r->addr, r->write ? KS_DIR_WRITE : KS_DIR_READ, 0, 0);
-      break;
-    case KS_EV_MSR:
-      set_access(c, KS_SUB_MSR, r->addr, r->write ? KS_DIR_WRITE : KS_DIR_READ, 8, 0);
-      break;
-    case KS_EV_HYPERCALL:
-      set_access(c, KS_SUB_HYPERCALL, r->addr, KS_DIR_NONE, 0, 0);
-      break;
-    case KS_EV_PAGE_FAULT:
-      if (r->vcpu_id >= 0) t->vcpu = r->vcpu_id;
-      break;
-    default:
-      break;
-  }
-}
-
-/* KvmPairer::ApplyChild. */
-static __always_inline void apply_child(struct ks_thread* t) {
-  const struct ks_access* c = &t->child;
-  if (c->kind == KS_SUB_NONE) return;
-  if (t->ev.subkind == KS_SUB_HYPERCALL && c->kind == KS_SUB_HYPERCALL) return;
-  t->ev.subkind = c->kind;
-  t->ev.subkey = c->key;
-  t->ev.size = c->size;
-  t->ev.dir = c->dir;
-}
-
-static __always_inline void clear_ev(struct ks_key* e, __u32 tid) {
-  __builtin_memset(e, 0, sizeof(*e));
-  e->tid = tid;
-}
-
-static __always_inline void start_kernel_exit(struct ks_thread* t, const struct rec* r, __u32 tid) {
-  struct ks_key* e = &t->ev;
-  clear_ev(e, tid);
-  t->exit_ts = r->ts;
-  t->ev_is_kernel = 1;
-  t->phase = KS_KERNEL_EXIT;
-  t->child.kind = 0;
-  if (r->vcpu_id >= 0) t->vcpu = r->vcpu_id;
-  e->isa = r->isa <= 3 ? r->isa : 0;
-  e->exit_reason = r->exit_reason;
-  e->flags = KS_F_KERNEL_EXIT;
-  if (e->isa == 3 && r->exit_reason == 0x20000) { /* PVM HYPERCALL: raw number in info2 */
-    e->aux = r->info2;
-    e->subkind = KS_SUB_HYPERCALL;
-    e->subkey = r->info2;
-  } else if (e->isa == 1 && (r->exit_reason & 0xffff) == 30) { /* VMX IO_INSTRUCTION */
-    e->subkind = KS_SUB_PORT;
-    e->subkey = (r->info1 >> 16) & 0xffff;
-    e->size = (r->info1 & 7) + 1;
-    e->dir = (r->info1 & 8) ? KS_DIR_READ : KS_DIR_WRITE;
-  } else if (e->isa == 2 && r->exit_reason == 0x7b) { /* SVM IOIO */
-    e->subkind = KS_SUB_PORT;
-    e->subkey = (r->info1 >> 16) & 0xffff;
-    e->size = (r->info1 & 0x10) ? 1 : (r->info1 & 0x20) ? 2 : (r->info1 & 0x40) ? 4 : 0;
-    e->dir = (r->info1 & 1) ? KS_DIR_READ : KS_DIR_WRITE;
-  }
-}
-
-/* KvmPairer::StartUserExit: which candidate is the exit's own access. */
-static __always_inline void start_user_exit(struct ks_thread* t, const struct rec* r, __u32 tid) {
-  struct ks_key* e = &t->ev;
-  clear_ev(e, tid);
-  t->exit_ts = r->ts;
-  t->ev_is_kernel = 0;
-  t->phase = KS_USER_EXIT;
-  e->flags = KS_F_USERSPACE;
-  e->user_reason = r->reason;
-  e->user_err = r->err;
-  t->hold_next = KS_HOLD_NONE;
-  int own = OWN_NONE;
-  if (r->err >= 0 && r->reason == KVM_EXIT_IO) {
-    if (t->insn_dir == KS_DIR_READ) {
-      t->hold_next = KS_HOLD_PIO_READ;
-    } else if (!t->cand_pio.kind) {
-      t->hold_next = KS_HOLD_PIO_READ;
-    } else {
-      own = OWN_PIO;
-      if (t->insn_dir == KS_DIR_NONE) {
-        t->hold_next = KS_HOLD_PIO_MAYBE;
-        t->candidate = t->cand_pio;
-      }
-    }
-  } else if (r->err >= 0 && r->reason == KVM_EXIT_MMIO) {
-    if (t->cand_mmio.kind) {
-      own = OWN_MMIO;
-      if (t->cand_mmio.unsatisfied) t->hold_next = KS_HOLD_MMIO_READ;
-    }
-  } else if (r->err >= 0 && r->reason == KVM_EXIT_HYPERCALL) {
-    if (t->cand_hc.kind) own = OWN_HC;
-  }
-  const struct ks_access* o = own == OWN_PIO    ? &t->cand_pio
-                              : own == OWN_MMIO ? &t->cand_mmio
-                                                : &t->cand_hc;
-  if (own != OWN_NONE) {
-    e->subkind = o->kind;
-    e->subkey = o->key;
-    e->size = o->size;
-    e->dir = o->dir;
-  } else if (t->hold_next == KS_HOLD_PIO_READ) {
-    e->dir = KS_DIR_READ;
-  }
-  emit_candidates(t, own);
-  t->child.kind = 0;
-}
-
-/* KvmPairer::EndExit. */
-static __always_inline void end_exit(struct ks_thread* t, __u64 end_ts) {
-  if (t->ev_is_kernel) apply_child(t);
-  const __u64 d = end_ts > t->exit_ts ? end_ts - t->exit_ts : 0;
-  t->phase = KS_IDLE;
-  t->child.kind = 0;
-  if (!t->ev_is_kernel && t->hold_next != KS_HOLD_NONE) {
-    t->held = t->hold_next;
-    t->held_ev = t->ev;
-    t->held_dur = d;
-    t->hold_next = KS_HOLD_NONE;
-    return;
-  }
-  add_sample(t, &t->ev, d, 1);
-}
-
-/* A kvm_exit on a thread that never showed a kvm_entry: counted, time unknown. */
-static __always_inline void end_not_traced(struct ks_thread* t) {
-  apply_child(t);
-  t->ev.flags |= KS_F_NOT_TRACED;
-  t->phase = KS_IDLE;
-  t->hold_next = KS_HOLD_NONE;
-  t->child.kind = 0;
-  add_sample(t, &t->ev, 0, 0);
-}
-
-static __always_inline void flush_held(struct ks_thread* t) {
-  if (t->held == KS_HOLD_NONE) return;
-  if (t->held == KS_HOLD_PIO_MAYBE) { /* no completion came: the write was the exit's */
-    t->held_ev.subkind = t->candidate.kind;
-    t->held_ev.subkey = t->candidate.key;
-    t->held_ev.size = t->candidate.size;
-    t->held_ev.dir = t->candidate.dir;
-  }
-  t->held = KS_HOLD_NONE;
-  add_sample(t, &t->held_ev, t->held_dur, 1);
-}
-
-static __always_inline int keeps_hold(__u32 type) {
-  return type == KS_EV_FPU || type == KS_EV_VCPU_MATCH_MMIO || type == KS_EV_ENTRY;
-}
-
-/* KvmPairer::ResolveHeld: 1 when r completed the held exit (and is consumed). */
-static __always_inline int resolve_held(struct ks_thread* t, const struct rec* r) {
-  struct ks_counters* c;
-  if (t->held == KS_HOLD_PIO_READ || t->held == KS_HOLD_PIO_MAYBE) {
-    if (r->type == KS_EV_PIO && !r->write && t->window_fresh) {
-      if (t->held == KS_HOLD_PIO_MAYBE) emit_access(t, &t->candidate);
-      t->held_ev.subkind = KS_SUB_PORT;
-      t->held_ev.subkey = r->addr;
-      t->held_ev.size = r->size;
-      t->held_ev.dir = KS_DIR_READ;
-      t->held = KS_HOLD_NONE;
-      c = counters();
-      if (c) c->completions++;
-      add_sample(t, &t->held_ev, t->held_dur, 1);
-      return 1;
-    }
-    if (keeps_hold(r->type)) return 0;
-  } else if (t->held == KS_HOLD_MMIO_READ) {
-    if (r->type == KS_EV_MMIO && r->mmio_type == MMIO_READ && r->addr == t->held_ev.subkey) {
-      t->held = KS_HOLD_NONE;
-      c = counters();
-      if (c) c->completions++;
-      add_sample(t, &t->held_ev, t->held_dur, 1);
-      return 1;
-    }
-    if (keeps_hold(r->type) || r->type == KS_EV_EMULATE_INSN) return 0;
-  }
-  flush_held(t);
-  return 0;
-}
-
-/* A run window's access (no kvm_exit in flight): the last pio_write / mmio write or
- * unsatisfied-read / hypercall may be the next exit's own; anything else, and a candidate
- * replaced by a later one, was handled in the kernel. */
-static __always_inline void add_access(struct ks_thread* t, const struct rec* r) {
-  struct ks_access a = {};
-  struct ks_access* slot = 0;
-  switch (r->type) {
-    case KS_EV_PIO:
-      set_access(&a, KS_SUB_PORT, r->addr, r->write ? KS_DIR_WRITE : KS_DIR_READ, r->size, 0);
-      if (r->write) slot = &t->cand_pio;
-      break;
-    case KS_EV_MMIO:
-      set_access(&a, KS_SUB_MMIO, r->addr, r->mmio_type == MMIO_WRITE ? KS_DIR_WRITE : KS_DIR_READ,
-                 r->size, r->mmio_type == MMIO_UNSATISFIED_READ);
-      if (r->mmio_type == MMIO_WRITE || r->mmio_type == MMIO_UNSATISFIED_READ) slot = &t->cand_mmio;
-      break;
-    case KS_EV_MSR:
-      set_access(&a, KS_SUB_MSR, r->addr, r->write ? KS_DIR_WRITE : KS_DIR_READ, 8, 0);
-      break;
-    case KS_EV_HYPERCALL:
-      set_access(&a, KS_SUB_HYPERCALL, r->addr, KS_DIR_NONE, 0, 0);
-      slot = &t->cand_hc;
-      break;
-    default:
-      return;
-  }
-  t->window_fresh = 0;
-  if (!slot) {
-    emit_access(t, &a);
-    return;
-  }
-  if (slot->kind) emit_access(t, slot);
-  *slot = a;
-}
-
-/* IN / INS -> read, OUT / OUTS -> write, else none (KvmPairer's PortInsnDirection). */
-static __always_inline __u32 insn_dir_of(const __u8* insn, __u32 len) {
-  for (int i = 0; i < 15; i++) {
-    if ((__u32)i >= len) break;
-    const __u8 b = insn[i];
-    if (b == 0x66 || b == 0x67 || b == 0xf2 || b == 0xf3 || b == 0xf0 || b == 0x2e || b == 0x36 ||
-        b == 0x3e || b == 0x26 || b == 0x64 || b == 0x65 || (b >= 0x40 && b <= 0x4f))
-      continue;
-    if (b == 0xe4 || b == 0xe5 || b == 0xec || b == 0xed || b == 0x6c || b == 0x6d)
-      return KS_DIR_READ;
-    if (b == 0xe6 || b == 0xe7 || b == 0xee || b == 0xef || b == 0x6e || b == 0x6f)
-      return KS_DIR_WRITE;
-    return KS_DIR_NONE;
-  }
-  return KS_DIR_NONE;
-}
+#include "kvm_pair_sm.h"
 
 static __always_inline __u32 insn_dir(void* ctx) {
   const int off = cfg.offset[KS_F_INSN];
   if (off < 0) return KS_DIR_NONE;
   __u8 insn[16] = {};
   bpf_probe_read_kernel(insn, 15, (char*)ctx + off);
-  return insn_dir_of(insn, (__u32)field(ctx, KS_F_INSN_LEN));
-}
-
-/* KvmPairer::Feed for one thread. */
-static __noinline int feed(struct ks_thread* t, const struct rec* r, __u32 tid) {
-  struct ks_counters* c;
-  if (t->held != KS_HOLD_NONE && resolve_held(t, r)) {
-    t->window_fresh = 0;
-    return 0;
-  }
-  switch (r->type) {
-    case KS_EV_EXIT:
-      if (t->phase == KS_KERNEL_EXIT) {
-        if (t->seen_entry) {
-          c = counters();
-          if (c) c->unpaired_exits++;
-        } else {
-          end_not_traced(t);
-        }
-      }
-      if (t->phase == KS_USER_EXIT) end_exit(t, r->ts);
-      clear_window(t);
-      start_kernel_exit(t, r, tid);
-      break;
-    case KS_EV_ENTRY:
-      t->seen_entry = 1;
-      if (t->phase != KS_IDLE) {
-        end_exit(t, r->ts);
-      } else {
-        c = counters();
-        if (c) c->entries_without_exit++;
-        clear_window(t);
-      }
-      break;
-    case KS_EV_USERSPACE_EXIT:
-      if (t->phase == KS_KERNEL_EXIT) {
-        t->ev.flags |= KS_F_USERSPACE;
-        t->ev.user_reason = r->reason;
-        t->ev.user_err = r->err;
-        break;
-      }
-      if (t->phase == KS_USER_EXIT) {
-        c = counters();
-        if (c) c->unpaired_exits++;
-      }
-      start_user_exit(t, r, tid);
-      break;
-    case KS_EV_FPU:
-      if (r->write) { /* load: KVM_RUN entered */
-        if (t->phase == KS_USER_EXIT) {
-          end_exit(t, r->ts);
-        } else if (t->phase == KS_IDLE) {
-          emit_candidates(t, OWN_NONE); /* a window that ended without an exit */
-          t->child.kind = 0;
-        }
-        if (t->phase == KS_IDLE) {
-          t->window_fresh = 1;
-          t->insn_dir = KS_DIR_NONE;
-        }
-      }
-      break;
-    default:
-      if (t->phase == KS_KERNEL_EXIT) {
-        add_child(t, r);
-        break;
-      }
-      if (r->type == KS_EV_PIO || r->type == KS_EV_MMIO || r->type == KS_EV_MSR ||
-          r->type == KS_EV_HYPERCALL) {
-        add_access(t, r);
-      } else if (r->type == KS_EV_EMULATE_INSN) {
-        t->insn_dir = r->insn_dir;
-        t->window_fresh = 0;
-      } else if (r->type == KS_EV_PAGE_FAULT && r->vcpu_id >= 0) {
-        t->vcpu = r->vcpu_id;
-      }
-      break;
-  }
-  return 0;
+  return ks_sm_insn_dir_of(insn, (__u32)field(ctx, KS_F_INSN_LEN));
 }
 
 /* Whether process tgid is counted: every process, target_tgid, or one it forked. */
@@ -657,7 +264,7 @@ int BPF_PROG(ks_fork, struct task_struct* parent, struct task_struct* child) {
   if (ctgid == ptgid) return 0;
   __u8 one = 1;
   if (bpf_map_update_elem(&ks_pids, &ctgid, &one, BPF_ANY) != 0) {
-    struct ks_counters* c = counters();
+    struct ks_counters* c = ks_sm_counters();
     if (c) c->threads_full++;
   }
   return 0;
@@ -676,7 +283,7 @@ static __always_inline struct ks_thread* thread_of(__u32 type, __u32* tid_out) {
     bpf_map_update_elem(&ks_threads, &tid, &zero_thread, BPF_NOEXIST);
     t = bpf_map_lookup_elem(&ks_threads, &tid);
     if (!t) {
-      struct ks_counters* c = counters();
+      struct ks_counters* c = ks_sm_counters();
       if (c) {
         if (type < KS_EV_COUNT) c->records[type]++;
         c->threads_full++;
@@ -687,23 +294,17 @@ static __always_inline struct ks_thread* thread_of(__u32 type, __u32* tid_out) {
   /* Counted in the thread's own entry, which every hit touches anyway (a per-CPU counter
    * would be one more cold page per hit). */
   if (type < KS_EV_COUNT) t->records[type]++;
-  if (t->first_ts == 0) { /* new thread */
-    t->first_ts = bpf_ktime_get_ns();
-    t->tid = tid;
-    t->vcpu = -1;
-    t->window_fresh = 1;
-  }
+  if (t->first_ts == 0) KS_SM_THREAD_START(t, tid, bpf_ktime_get_ns()); /* new thread */
   t->tgid = tgid;
   *tid_out = tid;
   return t;
 }
 
 /* Common exit: the decoded record fed to the thread's pairing. */
-static __always_inline int finish(struct ks_thread* t, struct rec* r, __u32 type, __u32 tid) {
+static __always_inline int finish(struct ks_thread* t, struct ks_rec* r, __u32 type, __u32 tid) {
   r->ts = bpf_ktime_get_ns();
   r->type = type;
-  if (r->vcpu_id >= 0) t->vcpu = r->vcpu_id;
-  return feed(t, r, tid);
+  return ks_sm_record(t, r, tid);
 }
 
 /* Classic tracepoints: the fields of the trace record, where the format file puts them. */
@@ -711,7 +312,7 @@ static __always_inline int handle(void* ctx, __u32 type) {
   __u32 tid = 0;
   struct ks_thread* t = thread_of(type, &tid);
   if (!t) return 0;
-  struct rec r = {};
+  struct ks_rec r = {};
   r.vcpu_id = -1;
   switch (type) {
     case KS_EV_EXIT:
@@ -740,7 +341,7 @@ static __always_inline int handle(void* ctx, __u32 type) {
       r.mmio_type = (__u32)field(ctx, KS_F_MMIO_TYPE);
       r.size = (__u32)field(ctx, KS_F_MMIO_LEN);
       r.addr = field(ctx, KS_F_MMIO_GPA);
-      r.write = r.mmio_type == MMIO_WRITE;
+      r.write = r.mmio_type == KS_MMIO_WRITE;
       break;
     case KS_EV_MSR:
       r.write = (__u32)field(ctx, KS_F_MSR_WRITE);
@@ -837,7 +438,7 @@ int ks_kvm_cpuid(void* ctx) {
     __u32 tid = 0;                               \
     struct ks_thread* t = thread_of(type, &tid); \
     if (!t) return 0;                            \
-    struct rec r = {};                           \
+    struct ks_rec r = {};                        \
     r.vcpu_id = -1;
 
 #define KS_BTF_END(type)           \
@@ -867,7 +468,7 @@ KS_BTF_PROG(kvm_mmio, KS_EV_MMIO, int type, int len, __u64 gpa)
 r.mmio_type = (__u32)type;
 r.size = (__u32)len;
 r.addr = gpa;
-r.write = type == MMIO_WRITE;
+r.write = type == KS_MMIO_WRITE;
 KS_BTF_END(KS_EV_MMIO)
 
 KS_BTF_PROG(kvm_msr, KS_EV_MSR, unsigned int write, __u32 ecx)
@@ -887,7 +488,7 @@ KS_BTF_PROG(kvm_emulate_insn, KS_EV_EMULATE_INSN, struct kvm_vcpu* vcpu) {
   const __u8* ptr = BPF_CORE_READ(ctxt, fetch.ptr);
   bpf_probe_read_kernel(insn, 15, data);
   const __u64 n = (__u64)ptr - (__u64)data;
-  r.insn_dir = insn_dir_of(insn, n > 15 ? 15 : (__u32)n);
+  r.insn_dir = ks_sm_insn_dir_of(insn, n > 15 ? 15 : (__u32)n);
 }
 KS_BTF_END(KS_EV_EMULATE_INSN)
 
@@ -917,9 +518,6 @@ KS_BTF_END(KS_EV_CPUID)
  * it in vcpu_put(); the kvm_fpu load falls in between, so there the task's first preempt
  * notifier is its vCPU's (checked: that vCPU's pid is the task's), and that KVM_RUN's
  * kvm_userspace_exit reads the kvm_run found then. */
-#define KVM_EXIT_X86_RDMSR 29
-#define KVM_EXIT_X86_WRMSR 30
-#define KVM_EXIT_IO_IN 0
 
 /* The kvm_run of the thread's loaded vCPU (0: none), cached in the thread's entry: while the
  * task's first preempt notifier is the one found last time, the vCPU is the same and its
@@ -938,76 +536,6 @@ static __always_inline __u64 loaded_vcpu_run(struct ks_thread* t) {
   return t->vcpu_run;
 }
 
-/* The head of struct kvm_run (include/uapi/linux/kvm.h: a fixed ABI, the VMM reads it). */
-struct ks_kvm_run_head {
-  __u8 request_interrupt_window, immediate_exit, padding1[6];
-  __u32 exit_reason;
-  __u8 ready_for_interrupt_injection, if_flag;
-  __u16 flags;
-  __u64 cr8, apic_base;
-  union {
-    struct {
-      __u8 direction, size;
-      __u16 port;
-      __u32 count;
-      __u64 data_offset;
-    } io;
-    struct {
-      __u64 phys_addr;
-      __u8 data[8];
-      __u32 len;
-      __u8 is_write;
-    } mmio;
-    struct {
-      __u64 nr;
-    } hypercall;
-    struct {
-      __u8 error, pad[7];
-      __u32 reason, index;
-    } msr;
-  };
-};
-
-/* The exit KVM_RUN is returning with, from kvm_run (kvm_userspace_exit starts its time). */
-static __always_inline void start_run_exit(struct ks_thread* t, __u64 run, __u32 tid) {
-  struct ks_key* e = &t->ev;
-  clear_ev(e, tid);
-  struct ks_kvm_run_head h = {};
-  if (run) bpf_probe_read_kernel(&h, sizeof h, (const void*)run); /* one read, one line */
-  const __u32 reason = h.exit_reason;
-  e->flags = KS_F_USERSPACE;
-  e->user_reason = reason;
-  switch (reason) {
-    case KVM_EXIT_IO:
-      e->subkind = KS_SUB_PORT;
-      e->subkey = h.io.port;
-      e->size = h.io.size;
-      e->dir = h.io.direction == KVM_EXIT_IO_IN ? KS_DIR_READ : KS_DIR_WRITE;
-      break;
-    case KVM_EXIT_MMIO:
-      e->subkind = KS_SUB_MMIO;
-      e->subkey = h.mmio.phys_addr;
-      e->size = (__u8)h.mmio.len;
-      e->dir = h.mmio.is_write ? KS_DIR_WRITE : KS_DIR_READ;
-      break;
-    case KVM_EXIT_HYPERCALL:
-      e->subkind = KS_SUB_HYPERCALL;
-      e->subkey = h.hypercall.nr;
-      break;
-    case KVM_EXIT_X86_RDMSR:
-    case KVM_EXIT_X86_WRMSR:
-      e->subkind = KS_SUB_MSR;
-      e->subkey = h.msr.index;
-      e->size = 8;
-      e->dir = reason == KVM_EXIT_X86_WRMSR ? KS_DIR_WRITE : KS_DIR_READ;
-      break;
-    default:
-      break;
-  }
-  t->ev_is_kernel = 0;
-  t->hold_next = KS_HOLD_NONE;
-}
-
 /* kvm_fpu: the load, in KVM_RUN after vcpu_load(), ends the exit in flight and finds the
  * vCPU (its preempt notifier is registered now); the unload returns at once. That unload
  * comes in the same KVM_RUN, just before vcpu_put() and kvm_userspace_exit, which counts it
@@ -1019,7 +547,7 @@ int BPF_PROG(ks_run_kvm_fpu, int load) {
   __u32 tid = 0;
   struct ks_thread* t = thread_of(KS_EV_FPU, &tid);
   if (!t) return 0;
-  if (t->phase == KS_USER_EXIT && t->exit_ts != 0) end_exit(t, bpf_ktime_get_ns());
+  if (ks_sm_run_exit_open(t)) ks_sm_end_exit(t, bpf_ktime_get_ns());
   t->run_loaded = loaded_vcpu_run(t) != 0;
   return 0;
 }
@@ -1036,29 +564,13 @@ int BPF_PROG(ks_run_kvm_userspace_exit, __u32 reason, int errno_) {
   const __u64 run = t->run_loaded ? t->vcpu_run : 0;
   t->run_loaded = 0;
   if (!run) { /* counted all the same, by its reason alone */
-    struct ks_counters* c = counters();
+    struct ks_counters* c = ks_sm_counters();
     if (c) c->no_vcpu++;
   }
-  if (t->phase == KS_USER_EXIT) { /* two exits without a KVM_RUN load between */
-    struct ks_counters* c = counters();
-    if (c) c->unpaired_exits++;
-  }
-  /* Userspace reads the entry meanwhile (the in-flight view): the exit is in flight only once
-   * all of it is set. Compiler barriers keep the stores in this order; x86 keeps them so. */
-  t->phase = KS_IDLE;
-  asm volatile("" ::: "memory");
-  start_run_exit(t, run, tid);
-  t->exit_ts = now;
-  t->ev.user_reason = reason;
-  t->ev.user_err = errno_;
-  if (errno_ < 0) { /* restart / error: no access (as kvm_pairing names them) */
-    t->ev.subkind = KS_SUB_NONE;
-    t->ev.subkey = 0;
-    t->ev.size = 0;
-    t->ev.dir = KS_DIR_NONE;
-  }
-  asm volatile("" ::: "memory");
-  t->phase = KS_USER_EXIT;
+  ks_sm_run_exit_begin(t, tid);
+  struct ks_kvm_run_head h = {};
+  if (run) bpf_probe_read_kernel(&h, sizeof h, (const void*)run); /* one read, one line */
+  ks_sm_run_exit(t, &h, now, reason, errno_);
   return 0;
 }
 
@@ -1068,8 +580,8 @@ static __always_inline int run_access(__u32 type, __u8 kind, __u64 key, __u8 dir
   struct ks_thread* t = thread_of(type, &tid);
   if (!t) return 0;
   struct ks_access a = {};
-  set_access(&a, kind, key, dir, size, 0);
-  emit_access(t, &a);
+  ks_sm_set_access(&a, kind, key, dir, size, 0);
+  ks_sm_emit_access(t, &a);
   return 0;
 }
 
@@ -1080,13 +592,13 @@ int BPF_PROG(ks_run_kvm_pio, unsigned int rw, unsigned int port, unsigned int si
 
 SEC("tp_btf/kvm_mmio")
 int BPF_PROG(ks_run_kvm_mmio, int type, int len, __u64 gpa) {
-  if (type == MMIO_UNSATISFIED_READ) { /* a read going to the VMM: its completion counts */
+  if (type == KS_MMIO_UNSATISFIED_READ) { /* a read going to the VMM: its completion counts */
     __u32 tid = 0;
     thread_of(KS_EV_MMIO, &tid);
     return 0;
   }
-  return run_access(KS_EV_MMIO, KS_SUB_MMIO, gpa, type == MMIO_WRITE ? KS_DIR_WRITE : KS_DIR_READ,
-                    (__u8)len);
+  return run_access(KS_EV_MMIO, KS_SUB_MMIO, gpa,
+                    type == KS_MMIO_WRITE ? KS_DIR_WRITE : KS_DIR_READ, (__u8)len);
 }
 
 SEC("tp_btf/kvm_msr")

@@ -1,4 +1,4 @@
-// sources/bpf/bpf_kvm_rows: a snapshot of the program's maps becomes kvm report's rows with
+// analysis/bpf_kvm_rows: a snapshot of the program's maps becomes kvm report's rows with
 // the keys, names, filters and groups KvmAggregator gives, and what the threads still hold is
 // placed as KvmPairer::Finish() places it. The snapshots are built here field by field, in
 // the maps' own layout (kvm_stat_abi.h); the end-to-end counts on real guests are

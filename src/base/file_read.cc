@@ -8,17 +8,18 @@
 #include <cstring>
 
 namespace exitscope::base {
-namespace {
 
-const char* FileType(mode_t m) {
-  return S_ISDIR(m)    ? "a directory"
+const char* FileTypeName(unsigned mode) noexcept {
+  const mode_t m = static_cast<mode_t>(mode);
+  return S_ISREG(m)    ? "a regular file"
+         : S_ISLNK(m)  ? "a symlink"
+         : S_ISDIR(m)  ? "a directory"
          : S_ISCHR(m)  ? "a character device"
          : S_ISBLK(m)  ? "a block device"
          : S_ISFIFO(m) ? "a FIFO or pipe"
-                       : "a socket or other special file";
+         : S_ISSOCK(m) ? "a socket"
+                       : "a special file";
 }
-
-}  // namespace
 
 Result<std::string> ReadBoundedFile(const std::string& path, uint64_t limit, std::string_view what,
                                     ErrorCode refused) {
@@ -37,8 +38,8 @@ Result<std::string> ReadBoundedFile(const std::string& path, uint64_t limit, std
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    return Fail(refused, path + ": is " + FileType(st.st_mode) + ", not a regular file; " + kind +
-                             "s are read from regular files only");
+    return Fail(refused, path + ": is " + FileTypeName(st.st_mode) + ", not a regular file; " +
+                             kind + "s are read from regular files only");
   }
   const auto size = static_cast<uint64_t>(st.st_size);
   if (size > limit) {

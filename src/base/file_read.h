@@ -10,6 +10,10 @@
 
 namespace exitscope::base {
 
+// What a file of mode `mode` (st_mode) is, for messages: "a directory", "a symlink", "a FIFO or
+// pipe", "a character device", ...
+const char* FileTypeName(unsigned mode) noexcept;
+
 // Reads PATH whole. Before any read it checks that PATH is a regular file (a directory, a
 // device node such as /dev/zero, a FIFO or a socket is refused by name) of at most `limit`
 // bytes, and it never reads past `limit` (the file may grow while it is read); a file that

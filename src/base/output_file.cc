@@ -11,20 +11,32 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "base/file_read.h"  // FileTypeName
+
 namespace exitscope::base {
 namespace {
 
-const char* NotRegular(mode_t m) {
-  return S_ISLNK(m)    ? "a symlink"
-         : S_ISCHR(m)  ? "a character device"
-         : S_ISBLK(m)  ? "a block device"
-         : S_ISDIR(m)  ? "a directory"
-         : S_ISFIFO(m) ? "a FIFO"
-                       : "not a regular file";
-}
-
 // Distinct temporary names for files opened at once by one process.
 std::atomic<uint64_t> g_serial{0};
+
+// Writes all of [data, data + n) to fd: at `offset` (pwrite), or where the file is (write) when
+// offset is kAppendHere; retried on short writes and EINTR.
+constexpr uint64_t kAppendHere = ~uint64_t{0};
+Status WriteFully(int fd, const char* data, size_t n, uint64_t offset, const std::string& label) {
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t w = offset == kAppendHere
+                          ? write(fd, data + done, n - done)
+                          : pwrite(fd, data + done, n - done, static_cast<off_t>(offset + done));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      return Fail(ErrorCode::kIo,
+                  label + ": write failed: " + std::strerror(w == 0 ? ENOSPC : errno));
+    }
+    done += static_cast<size_t>(w);
+  }
+  return {};
+}
 
 }  // namespace
 
@@ -78,7 +90,7 @@ Status OutputFile::Open(const std::string& path, const OutputOptions& options) {
   }
   if (lstat(target_.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
     return Fail(ErrorCode::kInvalidArgument,
-                Label() + ": exists and is " + NotRegular(st.st_mode) + "; " + what_ +
+                Label() + ": exists and is " + FileTypeName(st.st_mode) + "; " + what_ +
                     " only replaces a regular file" +
                     (S_ISLNK(st.st_mode) ? " (name the file it points at)" : ""));
   }
@@ -100,39 +112,17 @@ Status OutputFile::Open(const std::string& path, const OutputOptions& options) {
 
 Status OutputFile::Write(std::string_view bytes) {
   if (fd_ < 0) return Fail(ErrorCode::kIo, Label() + ": write failed: file not open");
-  if (!stdout_) {
-    if (Status s = WriteAt(bytes.data(), bytes.size(), end_); !s) return s;
-    end_ += bytes.size();
-    return {};
-  }
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t w = write(fd_, bytes.data() + done, bytes.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      return Fail(ErrorCode::kIo,
-                  Label() + ": write failed: " + std::strerror(w == 0 ? ENOSPC : errno));
-    }
-    done += static_cast<size_t>(w);
-  }
+  const uint64_t at = stdout_ ? kAppendHere : end_;
+  if (Status s = WriteFully(fd_, bytes.data(), bytes.size(), at, Label()); !s) return s;
+  end_ += bytes.size();
   return {};
 }
 
+// Not IoError on failure: other threads may be writing (the destructor closes and removes the
+// file).
 Status OutputFile::WriteAt(const void* data, size_t n, uint64_t offset) {
   if (fd_ < 0 || stdout_) return Fail(ErrorCode::kIo, Label() + ": write failed: file not open");
-  const char* p = static_cast<const char*>(data);
-  size_t done = 0;
-  while (done < n) {
-    const ssize_t w = pwrite(fd_, p + done, n - done, static_cast<off_t>(offset + done));
-    if (w < 0 && errno == EINTR) continue;
-    // Not IoError: other threads may be writing (the destructor closes and removes the file).
-    if (w <= 0) {
-      return Fail(ErrorCode::kIo,
-                  Label() + ": write failed: " + std::strerror(w == 0 ? ENOSPC : errno));
-    }
-    done += static_cast<size_t>(w);
-  }
-  return {};
+  return WriteFully(fd_, static_cast<const char*>(data), n, offset, Label());
 }
 
 Status OutputFile::Commit() {
@@ -153,8 +143,9 @@ Status OutputFile::Commit() {
   struct stat st;
   if (lstat(target_.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
     unlink(tmp_.c_str());
-    return Fail(ErrorCode::kInvalidArgument, Label() + ": exists and is " + NotRegular(st.st_mode) +
-                                                 "; " + what_ + " only replaces a regular file");
+    return Fail(ErrorCode::kInvalidArgument, Label() + ": exists and is " +
+                                                 FileTypeName(st.st_mode) + "; " + what_ +
+                                                 " only replaces a regular file");
   }
   if (rename(tmp_.c_str(), target_.c_str()) != 0) {
     const int err = errno;
@@ -174,7 +165,7 @@ Result<std::FILE*> OpenLogFile(const std::string& path, const OutputOptions& opt
     }
     if (!S_ISREG(st.st_mode)) {
       return Fail(ErrorCode::kInvalidArgument,
-                  label + ": exists and is " + NotRegular(st.st_mode) + "; " +
+                  label + ": exists and is " + FileTypeName(st.st_mode) + "; " +
                       std::string(options.what) + " only replaces a regular file" +
                       (S_ISLNK(st.st_mode) ? " (name the file it points at)" : ""));
     }

@@ -512,7 +512,7 @@ KS_BTF_END(KS_EV_CPUID)
  * window to keep.
  * Accesses handled in the kernel are counted only where the table needs them (--event
  * ioport|mmio|msr|hypercall: ks_run_kvm_pio ...): every hit is counted as one, and userspace
- * subtracts each exit's own access (bpf_kvm_stat.cc).
+ * subtracts each exit's own access (bpf_kvm_maps.cc).
  *
  * Which vCPU: KVM registers &vcpu->preempt_notifier on the task in vcpu_load() and removes
  * it in vcpu_put(); the kvm_fpu load falls in between, so there the task's first preempt

@@ -1,6 +1,7 @@
 /* sources/bpf/kvm_stat_abi.h: the maps shared by kvm_stat.bpf.c (the in-kernel side of
- * `exitscope kvm stat --bpf`) and its loader (bpf_kvm_stat.cc). Plain C, fixed-width types
- * only: the BPF program includes it after vmlinux.h, C++ after <linux/types.h>.
+ * `exitscope kvm stat --bpf`) and its loader (bpf_kvm_loader.cc, bpf_kvm_maps.cc). Plain C,
+ * fixed-width types only: the BPF program includes it after vmlinux.h, C++ after
+ * <linux/types.h>.
  *
  * Maps:
  *   ks_key_index    hash  ks_key -> slot           which ks_slots entry holds a key
@@ -27,7 +28,7 @@
 #ifndef EXITSCOPE_SOURCES_BPF_KVM_STAT_ABI_H_
 #define EXITSCOPE_SOURCES_BPF_KVM_STAT_ABI_H_
 
-/* LatencyHistogram::kBuckets (checked by a static_assert in bpf_kvm_stat.cc). */
+/* LatencyHistogram::kBuckets (checked by a static_assert in bpf_kvm_maps.cc). */
 #define KS_HIST_SUB_BITS 7
 #define KS_HIST_BUCKETS 3776
 

@@ -88,24 +88,27 @@ Status OutputFile::Open(const std::string& path, const OutputOptions& options) {
                   Label() + ": cannot resolve the symlink: " + std::strerror(errno));
     }
   }
-  if (lstat(target_.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+  const bool replaces = lstat(target_.c_str(), &st) == 0;
+  if (replaces && !S_ISREG(st.st_mode)) {
     return Fail(ErrorCode::kInvalidArgument,
                 Label() + ": exists and is " + FileTypeName(st.st_mode) + "; " + what_ +
                     " only replaces a regular file" +
                     (S_ISLNK(st.st_mode) ? " (name the file it points at)" : ""));
   }
   // New (O_EXCL) and never through a symlink planted at its name; beside the target so that
-  // rename() is atomic. Mode 0666 less the umask, as a file created by fopen.
+  // rename() is atomic.
   // PATH.tmp.PID first (what a killed writer leaves behind is recognisably its own), then
   // PATH.tmp.PID.N when that name is taken (another file being written, or a leftover of an
   // earlier process with this pid: never removed, it is not this writer's).
   for (int attempt = 0; attempt < 100; ++attempt) {
     tmp_ = target_ + ".tmp." + std::to_string(getpid());
     if (attempt > 0) tmp_ += "." + std::to_string(g_serial++);
-    fd_ = open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    fd_ = open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+               static_cast<mode_t>(options.mode));
     if (fd_ >= 0 || errno != EEXIST) break;
   }
   if (fd_ < 0) return Fail(ErrorCode::kIo, Label() + ": cannot create: " + std::strerror(errno));
+  if (replaces) fchmod(fd_, st.st_mode & 07777);  // best effort: the new file is ours either way
   end_ = 0;
   return {};
 }

@@ -36,6 +36,9 @@ struct OutputOptions {
   bool follow_symlink = false;
   // "-" means stdout; when false, "-" is a file named "-" (dumps: they are written at offsets).
   bool allow_stdout = true;
+  // The new file's mode, less the umask (dumps: 0640, they may hold guest data). A regular
+  // file that is replaced keeps its own mode.
+  unsigned mode = 0666;
 };
 
 class OutputFile {

@@ -66,7 +66,7 @@ inline DumpExit ForFile(const DumpExit& e, bool guest_data) noexcept {
 // the temporary file is removed and `path` is untouched). Open it with DumpFileOptions().
 using DumpFile = base::OutputFile;
 inline base::OutputOptions DumpFileOptions() {
-  return {.what = "a dump", .follow_symlink = false, .allow_stdout = false};
+  return {.what = "a dump", .follow_symlink = false, .allow_stdout = false, .mode = 0640};
 }
 
 // The exits section on its way to a DumpFile: Add codes each record (exit_codec.h) into a

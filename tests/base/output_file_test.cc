@@ -52,6 +52,19 @@ TEST_F(OutputFileTest, CreatesAndReplacesARegularFile) {
   EXPECT_EQ(Entries(), 1);
 }
 
+TEST_F(OutputFileTest, ANewFileTakesTheModeAReplacedFileKeepsItsOwn) {
+  const mode_t mask = umask(022);
+  ASSERT_TRUE(WriteOutputFile(P("new"), "x", {.mode = 0640}));
+  struct stat st;
+  ASSERT_EQ(stat(P("new").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0640u);
+  ASSERT_EQ(chmod(P("new").c_str(), 0604), 0);
+  ASSERT_TRUE(WriteOutputFile(P("new"), "y"));
+  ASSERT_EQ(stat(P("new").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0604u);
+  umask(mask);
+}
+
 TEST_F(OutputFileTest, AnAbandonedWriteLeavesThePathAsItWas) {
   ASSERT_TRUE(WriteOutputFile(P("out"), "kept"));
   {

@@ -166,7 +166,7 @@ Result<std::FILE*> OpenLogFile(const std::string& path, const OutputOptions& opt
     if (S_ISLNK(st.st_mode) && options.follow_symlink) {
       if (stat(path.c_str(), &st) != 0) st.st_mode = S_IFREG;  // dangling: the target is created
     }
-    if (!S_ISREG(st.st_mode)) {
+    if (!S_ISREG(st.st_mode) && !S_ISCHR(st.st_mode)) {
       return Fail(ErrorCode::kInvalidArgument,
                   label + ": exists and is " + FileTypeName(st.st_mode) + "; " +
                       std::string(options.what) + " only replaces a regular file" +

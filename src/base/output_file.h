@@ -80,9 +80,10 @@ class OutputFile {
 };
 
 // A log written as it happens (the guest's serial output): the same refusals as OutputFile
-// (PATH absent or a regular file; a symlink only with follow_symlink), but written in place
+// (a symlink only with follow_symlink; no FIFO, socket or directory), but written in place
 // (truncated, O_NOFOLLOW) so that it can be followed while it grows and keeps what was written
-// if the process is killed. "-" is not special here. The caller fcloses the stream.
+// if the process is killed; a character device (/dev/null, a tty) is written as it is, never
+// removed. "-" is not special here. The caller fcloses the stream.
 Result<std::FILE*> OpenLogFile(const std::string& path, const OutputOptions& options = {});
 
 // Open, Write, Commit in one call.

@@ -145,6 +145,29 @@ TEST_F(OutputFileTest, AFailedWriteRemovesOnlyItsOwnTemporaryFile) {
   EXPECT_EQ(Entries(), 1);
 }
 
+TEST_F(OutputFileTest, ALogIsWrittenInPlaceButNeverThroughASymlink) {
+  ASSERT_TRUE(WriteOutputFile(P("target"), "precious"));
+  ASSERT_EQ(symlink(P("target").c_str(), P("link").c_str()), 0);
+  auto f = OpenLogFile(P("link"), {.label = "--serial link", .what = "the serial log"});
+  ASSERT_FALSE(f);
+  EXPECT_NE(f.error().message.find("--serial link: exists and is a symlink"), std::string::npos)
+      << f.error().message;
+  EXPECT_EQ(Slurp(P("target")), "precious");
+  ASSERT_EQ(mkfifo(P("fifo").c_str(), 0600), 0);
+  EXPECT_FALSE(OpenLogFile(P("fifo")));  // would block, and is not a log
+  f = OpenLogFile("/dev/null");          // a character device: written as it is
+  ASSERT_TRUE(f) << f.error().message;
+  std::fclose(*f);
+  // A regular file is truncated and written in place: what was written stays if the process
+  // dies before closing it.
+  f = OpenLogFile(P("target"));
+  ASSERT_TRUE(f) << f.error().message;
+  std::fputs("new", *f);
+  std::fflush(*f);
+  EXPECT_EQ(Slurp(P("target")), "new");
+  std::fclose(*f);
+}
+
 TEST_F(OutputFileTest, DashIsStdoutUnlessDisallowed) {
   OutputFile f;
   ASSERT_TRUE(f.Open("-"));

@@ -6,6 +6,7 @@
 // docs/dump-format.md (the bytes are those of SerializeDump).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -83,7 +84,14 @@ class DumpFile {
   Status IoError(const char* what, int err);
   std::string path_, tmp_;
   int fd_ = -1;
+  std::atomic<uint64_t> written_{0};  // bytes written so far (for the test hook)
 };
+
+// Test-only: `hook` (nullptr: none, the default) is called after every write into a dump
+// file's temporary file with the bytes written into it so far, before the file is committed.
+// The fault matrix stops a child at a chosen point of a dump this way (docs/faults.md).
+using DumpWriteHook = void (*)(uint64_t written);
+void SetDumpWriteHookForTests(DumpWriteHook hook) noexcept;
 
 // The exits section on its way to a DumpFile: Add codes each record (exit_codec.h) into a
 // block that stays in cache, and each full block is checksummed there and handed to a writer

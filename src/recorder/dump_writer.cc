@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
@@ -371,6 +372,14 @@ void SerializeInto(const Dump& d, const DumpOptions& opts, std::string* out, boo
 
 namespace internal {
 
+namespace {
+std::atomic<DumpWriteHook> dump_write_hook{nullptr};
+}  // namespace
+
+void SetDumpWriteHookForTests(DumpWriteHook hook) noexcept {
+  dump_write_hook.store(hook, std::memory_order_relaxed);
+}
+
 DumpFile::~DumpFile() {
   if (fd_ >= 0) {
     close(fd_);
@@ -431,6 +440,8 @@ Status DumpFile::WriteAt(const void* data, size_t n, uint64_t offset) {
                   path_ + ": write failed: " + std::strerror(w == 0 ? ENOSPC : errno));
     }
     done += static_cast<size_t>(w);
+    const uint64_t total = written_.fetch_add(static_cast<uint64_t>(w)) + static_cast<uint64_t>(w);
+    if (DumpWriteHook hook = dump_write_hook.load(std::memory_order_relaxed)) hook(total);
   }
   return {};
 }

@@ -2,6 +2,10 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
+# CI (.ci/run) sets EXITSCOPE_CI=1: warnings are errors and the HTML report's plotting library
+# must build. Off, the options are set off again (in a build tree CI used before).
+EXITSCOPE_CI ?=
+CI_CMAKE_FLAGS = $(if $(EXITSCOPE_CI),-DEXITSCOPE_WERROR=ON -DEXITSCOPE_REQUIRE_HTML=ON,-DEXITSCOPE_WERROR=OFF -DEXITSCOPE_REQUIRE_HTML=OFF)
 
 .PHONY: all deps configure build demo test bench asan tsan format clean fuzz
 
@@ -11,7 +15,7 @@ deps:
 	@scripts/install-deps.sh
 
 configure: deps
-	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) >/dev/null
+	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CI_CMAKE_FLAGS) $(CMAKE_FLAGS) >/dev/null
 
 build: configure
 	@cmake --build $(BUILD) -j $(JOBS)

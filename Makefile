@@ -2,8 +2,9 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
-# CI (.ci/run) sets EXITSCOPE_CI=1: warnings are errors and the HTML report's plotting library
-# must build. Off, the options are set off again (in a build tree CI used before).
+# CI (.ci/run) sets EXITSCOPE_CI=1: warnings are errors, the HTML report's plotting library
+# must build, and scripts/check-skips.py fails (not warns) when the kvm, tracefs or bpf tests
+# did not run on a KVM host. Off, the options are set off again (a build tree CI used before).
 EXITSCOPE_CI ?=
 CI_CMAKE_FLAGS = $(if $(EXITSCOPE_CI),-DEXITSCOPE_WERROR=ON -DEXITSCOPE_REQUIRE_HTML=ON,-DEXITSCOPE_WERROR=OFF -DEXITSCOPE_REQUIRE_HTML=OFF)
 
@@ -23,8 +24,10 @@ build: configure
 demo: build
 	@scripts/demo.sh $(BUILD)
 
+# Then the skip check: on a KVM host, did the kvm, tracefs and bpf tests run? (docs/development.md)
 test: build
-	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --output-junit $(abspath $(BUILD))/ctest-junit.xml
+	@scripts/check-skips.py $(BUILD) $(if $(EXITSCOPE_CI),,--warn-only)
 
 bench: build
 	@scripts/bench.sh $(BUILD)

@@ -102,7 +102,7 @@ TEST(WatchdogTest, ReportsStuckExitWhileStuckOnceAndAgainAtTheEnd) {
   EXPECT_NE(live.vcpus[1].in_progress->flags & kExitFlagStalled, 0);
   EXPECT_GE(live.vcpus[1].in_progress->duration_ns, 20'000'000u);
   // Many more polls, each seeing the exit still stuck: still exactly one report for this stall.
-  ASSERT_TRUE(WaitForPolls(*rec, 20)) << "the watchdog stopped polling";
+  EXPECT_TRUE(WaitForPolls(*rec, 20)) << "the watchdog stopped polling";  // vcpu still to join
   EXPECT_FALSE(ended.load());
   EXPECT_EQ(findings.Count(FindingType::kStuckExitBegin), 1u);
   release.store(true);

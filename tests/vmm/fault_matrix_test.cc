@@ -447,8 +447,8 @@ TEST_F(FaultMatrix, SigkillWhileWritingADumpNeverLeavesAPartialFileUnderTheFinal
     if (child == 0) {
       stop_dump_at.store(stop_at);
       internal::SetDumpWriteHookForTests(StopAtChosenByte);
-      rec->WriteDump(path.string());
-      _exit(3);  // not reached: the hook stopped the write and the parent killed the child
+      // Not reached: the hook stops the write and the parent kills the child.
+      _exit(rec->WriteDump(path.string()) ? 3 : 4);
     }
     int st = 0;
     ASSERT_EQ(child, waitpid(child, &st, WUNTRACED));

@@ -43,9 +43,12 @@ launcher=()
 if command -v ccache >/dev/null; then
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
 fi
+# CI (EXITSCOPE_CI=1, .ci/run) builds with -Werror, as every other CI build.
+werror=OFF
+[[ -n ${EXITSCOPE_CI:-} ]] && werror=ON
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_COMPILER="${AFL_CC:-gcc}" -DCMAKE_CXX_COMPILER="${AFL_CXX:-afl-g++}" \
-  "${launcher[@]}" \
+  "${launcher[@]}" -DEXITSCOPE_WERROR=$werror \
   -DEXITSCOPE_FUZZ=ON -DEXITSCOPE_BUILD_TESTS=OFF -DEXITSCOPE_BUILD_BENCH=OFF >/dev/null
 cmake --build "$BUILD" -j "${JOBS:-$(nproc)}" --target "${TARGETS[@]/%/_fuzzer}"
 

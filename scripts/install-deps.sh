@@ -4,7 +4,7 @@
 set -euo pipefail
 
 PACKAGES=(
-  g++ cmake ninja-build pkg-config make
+  g++ cmake ninja-build pkg-config make python3
   libgtest-dev libgmock-dev libbenchmark-dev
   libfmt-dev libcli11-dev nlohmann-json3-dev
   libtracefs-dev libtraceevent-dev libtracecmd-dev liburing-dev libzstd-dev zlib1g-dev

@@ -4,12 +4,13 @@
 # .incbin, so a produced report needs nothing at run time and stands alone.
 #
 #   cmake -DSRC=<source>/web -DDST=<build>/web -DNPM=<npm or NPM-NOTFOUND> -DOUT=<file.cc>
-#         -P npm_ci.cmake
+#         [-DREQUIRED=ON] -P npm_ci.cmake
 #
 # Offline-safe: when npm is missing or `npm ci` fails (no registry, no cache), the generated
 # source embeds no library and the reason instead; `exitscope ... --format html` then prints
 # that reason in one line and exits 1, and the HTML tests skip with it. The build never fails
-# here.
+# here, unless REQUIRED is on (-DEXITSCOPE_REQUIRE_HTML=ON, as CI builds): then the reason
+# fails the build.
 cmake_minimum_required(VERSION 3.25)
 
 file(MAKE_DIRECTORY ${DST})
@@ -37,6 +38,10 @@ else()
   elseif(NOT EXISTS ${lib}/dist/echarts.common.min.js)
     set(reason "npm ci did not install echarts (${lib}/dist/echarts.common.min.js is missing)")
   endif()
+endif()
+
+if(REQUIRED AND NOT reason STREQUAL "")
+  message(FATAL_ERROR "exitscope: ${reason} (EXITSCOPE_REQUIRE_HTML is on)")
 endif()
 
 if(reason STREQUAL "")

@@ -244,6 +244,9 @@ class EXITSCOPE_EXPORT Recorder {
   Status StartWatchdog(const WatchdogOptions& options);
   void StopWatchdog();
   bool watchdog_running() const noexcept;
+  // Polls the watchdog has completed since the recorder was created (each one has looked at
+  // every vCPU and the in-flight I/Os): how a test knows that polls happened.
+  uint64_t watchdog_polls() const noexcept;
 
   // ---- Embedder metadata (thread-safe, mutex) -------------------------------------------
   // String attributes carried in snapshots and dumps ("vmm" = "exitscope-run", "guest" = "blk").

@@ -64,6 +64,8 @@ Status OutputFile::Open(const std::string& path, const OutputOptions& options) {
   path_ = path;
   label_ = std::string(options.label);
   what_ = std::string(options.what);
+  after_write_ = options.after_write;
+  written_ = 0;
   if (path == "-" && options.allow_stdout) {
     stdout_ = true;
     fd_ = STDOUT_FILENO;
@@ -118,6 +120,7 @@ Status OutputFile::Write(std::string_view bytes) {
   const uint64_t at = stdout_ ? kAppendHere : end_;
   if (Status s = WriteFully(fd_, bytes.data(), bytes.size(), at, Label()); !s) return s;
   end_ += bytes.size();
+  Written(bytes.size());
   return {};
 }
 
@@ -125,7 +128,14 @@ Status OutputFile::Write(std::string_view bytes) {
 // file).
 Status OutputFile::WriteAt(const void* data, size_t n, uint64_t offset) {
   if (fd_ < 0 || stdout_) return Fail(ErrorCode::kIo, Label() + ": write failed: file not open");
-  return WriteFully(fd_, static_cast<const char*>(data), n, offset, Label());
+  if (Status s = WriteFully(fd_, static_cast<const char*>(data), n, offset, Label()); !s) return s;
+  Written(n);
+  return {};
+}
+
+void OutputFile::Written(uint64_t n) {
+  const uint64_t total = written_.fetch_add(n, std::memory_order_relaxed) + n;
+  if (after_write_ != nullptr) after_write_(total);
 }
 
 Status OutputFile::Commit() {

@@ -18,6 +18,7 @@
 // Not public API (the recorder's dump writer uses it through recorder/dump_file.h).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -39,6 +40,9 @@ struct OutputOptions {
   // The new file's mode, less the umask (dumps: 0640, they may hold guest data). A regular
   // file that is replaced keeps its own mode.
   unsigned mode = 0666;
+  // Test-only: called after each write into the temporary file with the bytes written into
+  // it so far (the fault matrix stops a writer at a chosen point this way).
+  void (*after_write)(uint64_t written) = nullptr;
 };
 
 class OutputFile {
@@ -69,13 +73,16 @@ class OutputFile {
 
  private:
   Status IoError(const char* what, int err);
+  void Written(uint64_t n);
   std::string Label() const;
   std::string path_;    // as given
   std::string target_;  // what the rename replaces (the link's target with follow_symlink)
   std::string tmp_;
   std::string label_, what_;
   int fd_ = -1;
-  uint64_t end_ = 0;  // Write's offset
+  uint64_t end_ = 0;                  // Write's offset
+  std::atomic<uint64_t> written_{0};  // bytes written so far, by every thread (after_write)
+  void (*after_write_)(uint64_t) = nullptr;
   bool stdout_ = false;
 };
 

@@ -6,6 +6,7 @@
 // docs/dump-format.md (the bytes are those of SerializeDump).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -65,9 +66,13 @@ inline DumpExit ForFile(const DumpExit& e, bool guest_data) noexcept {
 // renamed over it by Commit after fsync; only a regular file is replaced; destroyed uncommitted,
 // the temporary file is removed and `path` is untouched). Open it with DumpFileOptions().
 using DumpFile = base::OutputFile;
-inline base::OutputOptions DumpFileOptions() {
-  return {.what = "a dump", .follow_symlink = false, .allow_stdout = false, .mode = 0640};
-}
+base::OutputOptions DumpFileOptions() noexcept;  // with the test hook below, when set
+
+// Test-only: `hook` (nullptr: none, the default) is called after every write into a dump
+// file's temporary file with the bytes written into it so far, before the file is committed.
+// The fault matrix stops a child at a chosen point of a dump this way (docs/faults.md).
+using DumpWriteHook = void (*)(uint64_t written);
+void SetDumpWriteHookForTests(DumpWriteHook hook) noexcept;
 
 // The exits section on its way to a DumpFile: Add codes each record (exit_codec.h) into a
 // block that stays in cache, and each full block is checksummed there and handed to a writer

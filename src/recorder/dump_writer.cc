@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
@@ -370,6 +371,21 @@ void SerializeInto(const Dump& d, const DumpOptions& opts, std::string* out, boo
 // ---- Dump files --------------------------------------------------------------------------
 
 namespace internal {
+namespace {
+std::atomic<DumpWriteHook> dump_write_hook{nullptr};
+}  // namespace
+
+void SetDumpWriteHookForTests(DumpWriteHook hook) noexcept {
+  dump_write_hook.store(hook, std::memory_order_relaxed);
+}
+
+base::OutputOptions DumpFileOptions() noexcept {
+  return {.what = "a dump",
+          .follow_symlink = false,
+          .allow_stdout = false,
+          .mode = 0640,
+          .after_write = dump_write_hook.load(std::memory_order_relaxed)};
+}
 
 ExitStream::ExitStream(DumpFile* file, uint64_t section_offset)
     : file_(file),

@@ -52,6 +52,7 @@ struct Recorder::Impl {
   bool wd_stop = false;
   WatchdogOptions wd_options;
   std::atomic<bool> wd_running{false};
+  std::atomic<uint64_t> wd_polls{0};  // completed polls (watchdog_polls())
 
   // Dump on signal.
   std::mutex sig_mu;

@@ -40,6 +40,7 @@ class Watchdog {
       if (im.wd_stop) break;
       lock.unlock();
       Poll(rec, stuck_ticks, io_ticks, &stalls, &aged);
+      im.wd_polls.fetch_add(1, std::memory_order_release);
       lock.lock();
     }
     lock.unlock();
@@ -181,5 +182,9 @@ void Recorder::StopWatchdog() {
 
 bool Recorder::watchdog_running() const noexcept {
   return impl_->wd_running.load();
+}
+
+uint64_t Recorder::watchdog_polls() const noexcept {
+  return impl_->wd_polls.load(std::memory_order_acquire);
 }
 }  // namespace exitscope

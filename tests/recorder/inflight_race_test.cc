@@ -24,10 +24,16 @@ uint64_t StartOf(uint64_t id) {
 TEST(InflightIoRace, CollectAgedNeverMixesTwoSubmissions) {
   InflightIoTable t(16);
   std::atomic<bool> stop{false};
+  // The writers start once the collector runs; `writing` counts those writing and not done.
+  std::atomic<bool> go{false};
+  std::atomic<int> writing{0};
+  constexpr int kWriters = 2;
   constexpr uint64_t kPerThread = 300000;
   std::vector<std::thread> writers;
-  for (uint64_t w = 0; w < 2; ++w) {
-    writers.emplace_back([&t, w] {
+  for (uint64_t w = 0; w < kWriters; ++w) {
+    writers.emplace_back([&, w] {
+      while (!go.load()) std::this_thread::yield();
+      writing.fetch_add(1);
       // Six I/Os in flight per writer: the 16-slot table is mostly full, and slots are freed
       // and claimed again all the time under the collector.
       constexpr uint64_t kWindow = 6;
@@ -41,15 +47,25 @@ TEST(InflightIoRace, CollectAgedNeverMixesTwoSubmissions) {
           t.Complete(DeviceOf(old), old);
         }
       }
+      writing.fetch_sub(1);
     });
   }
   uint64_t reported = 0, bad = 0;
+  // Collections that began and ended with every writer writing (each starts and ends once), and
+  // the entries they reported: what makes this test a race at all.
+  uint64_t overlapped = 0, reported_overlapped = 0;
   std::set<uint64_t> ids;
   std::thread collector([&] {
     std::vector<InflightIoTable::Entry> out;
+    go.store(true);
     while (!stop.load(std::memory_order_relaxed)) {
       out.clear();
+      const bool all_before = writing.load() == kWriters;
       t.CollectAged(~0ull, &out);
+      if (all_before && writing.load() == kWriters) {
+        ++overlapped;
+        reported_overlapped += out.size();
+      }
       for (const InflightIoTable::Entry& e : out) {
         ++reported;
         if (e.device != DeviceOf(e.io_id) || e.start_ticks != StartOf(e.io_id)) ++bad;
@@ -60,6 +76,8 @@ TEST(InflightIoRace, CollectAgedNeverMixesTwoSubmissions) {
   for (auto& th : writers) th.join();
   stop.store(true);
   collector.join();
+  EXPECT_GT(overlapped, 0u) << "the collector never ran while both writers did";
+  EXPECT_GT(reported_overlapped, 0u) << "nothing was reported while the writers ran";
   EXPECT_EQ(bad, 0u) << "of " << reported << " reported entries";
   EXPECT_EQ(t.in_flight(), 0u);
   EXPECT_EQ(t.untracked(), t.overflow()) << "every untracked completion is an overflowed submit";

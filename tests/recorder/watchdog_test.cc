@@ -61,6 +61,17 @@ std::unique_ptr<Recorder> MakeRecorder(Findings* findings, std::vector<std::stri
   return std::move(*r);
 }
 
+// Waits (generously) until the watchdog has completed `n` more polls than it had on entry.
+bool WaitForPolls(const Recorder& rec, uint64_t n) {
+  const uint64_t target = rec.watchdog_polls() + n;
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (rec.watchdog_polls() < target) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(1ms);
+  }
+  return true;
+}
+
 TEST(WatchdogTest, ReportsStuckExitWhileStuckOnceAndAgainAtTheEnd) {
   Findings findings;
   std::vector<std::string> log;
@@ -90,8 +101,9 @@ TEST(WatchdogTest, ReportsStuckExitWhileStuckOnceAndAgainAtTheEnd) {
   ASSERT_TRUE(live.vcpus[1].in_progress.has_value());
   EXPECT_NE(live.vcpus[1].in_progress->flags & kExitFlagStalled, 0);
   EXPECT_GE(live.vcpus[1].in_progress->duration_ns, 20'000'000u);
-  // Many more polls: still exactly one report for this stall.
-  std::this_thread::sleep_for(100ms);
+  // Many more polls, each seeing the exit still stuck: still exactly one report for this stall.
+  EXPECT_TRUE(WaitForPolls(*rec, 20)) << "the watchdog stopped polling";  // vcpu still to join
+  EXPECT_FALSE(ended.load());
   EXPECT_EQ(findings.Count(FindingType::kStuckExitBegin), 1u);
   release.store(true);
   vcpu.join();
@@ -141,7 +153,8 @@ TEST(WatchdogTest, ReportsAgedIoOnce) {
   rec->IoComplete(blk, 41);
   rec->IoSubmit(blk, 42);
   ASSERT_TRUE(findings.WaitFor(FindingType::kAgedIo, 20s));
-  std::this_thread::sleep_for(100ms);
+  // Many more polls, each seeing I/O 42 still in flight: still one report.
+  ASSERT_TRUE(WaitForPolls(*rec, 20)) << "the watchdog stopped polling";
   const auto all = findings.All();
   ASSERT_EQ(findings.Count(FindingType::kAgedIo), 1u);
   EXPECT_EQ(all[0].io_id, 42u);

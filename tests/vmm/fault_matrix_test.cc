@@ -30,7 +30,6 @@
 #include <iterator>
 #include <map>
 #include <mutex>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -38,6 +37,7 @@
 #include "exitscope/dump.h"
 #include "exitscope/recorder.h"
 #include "guests/abi.h"
+#include "recorder/dump_file.h"
 #include "support/run.h"
 #include "vmm/vmm.h"
 
@@ -571,50 +571,59 @@ TEST_F(FaultMatrix, SigkillToExitscopeRunLeavesOnlyTheDumpsWrittenBefore) {
 
 // ---- The disk misbehaves (no KVM needed) --------------------------------------------------
 
-// A child writes the same dump path over and over and is SIGKILLed at random points, 20
-// times: after each kill the path holds a complete dump (the first one, or a later one),
-// never a partial file, and it accounts for every record.
+// Where the child of the SIGKILL case stops itself: after the write that brings its dump's
+// temporary file to this many bytes (internal::SetDumpWriteHookForTests).
+std::atomic<uint64_t> stop_dump_at{0};
+void StopAtChosenByte(uint64_t written) {
+  if (written >= stop_dump_at.load()) raise(SIGSTOP);
+}
+
+// A child writes a dump over an existing one and stops itself at a chosen point of the write
+// (after the write that takes its temporary file to k/20 of the dump's bytes, k = 1..20; at
+// 20/20 every byte is written and neither fsync nor rename has run); the parent SIGKILLs it
+// there. After each kill the path holds the previous dump byte for byte, it parses and
+// accounts for every record, and the killed writer's PATH.tmp.PID is what remains.
 TEST_F(FaultMatrix, SigkillWhileWritingADumpNeverLeavesAPartialFileUnderTheFinalName) {
   const fs::path path = dir / "vmm.esdump";
-  // 1 M exits at 8 ports: ~3 MB (3 bytes an exit in dump version 3), a write long enough to
-  // be killed inside.
+  // 1 M exits at 8 ports: ~3 MB (3 bytes an exit in dump version 3), written in many blocks.
   constexpr uint64_t kPerVcpu = 1 << 18;
   auto rec = FilledRecorder(4, kPerVcpu);
   ASSERT_TRUE(rec);
   ASSERT_TRUE(rec->WriteDump(path.string()));
   const std::string first = ReadFile(path);
   ASSERT_GT(first.size(), 2u << 20);
-  std::mt19937 rng(12);
-  int killed_mid_write = 0;
-  for (int round = 0; round < 20; ++round) {
+  for (uint64_t k = 1; k <= 20; ++k) {
+    const uint64_t stop_at = first.size() * k / 20;
+    SCOPED_TRACE("stopped at byte " + std::to_string(stop_at) + " of " +
+                 std::to_string(first.size()));
     const pid_t child = fork();
     ASSERT_GE(child, 0);
     if (child == 0) {
-      for (;;)
-        if (!rec->WriteDump(path.string())) _exit(3);
+      stop_dump_at.store(stop_at);
+      internal::SetDumpWriteHookForTests(StopAtChosenByte);
+      // Not reached: the hook stops the write and the parent kills the child.
+      _exit(rec->WriteDump(path.string()) ? 3 : 4);
     }
-    // Kill while the file is being written: once the writer's temporary file exists (the
-    // snapshot before it takes a while), after a random 0-2 ms.
-    const std::string tmp = path.string() + ".tmp." + std::to_string(child);
-    for (int i = 0; i < 10000 && !fs::exists(tmp); ++i)
-      std::this_thread::sleep_for(std::chrono::microseconds(500));
-    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 2000));
-    ASSERT_EQ(0, kill(child, SIGKILL));
     int st = 0;
+    ASSERT_EQ(child, waitpid(child, &st, WUNTRACED));
+    ASSERT_TRUE(WIFSTOPPED(st)) << "the writer did not stop itself: " << st;
+    const std::string tmp = path.string() + ".tmp." + std::to_string(child);
+    // Stopped inside the write: its temporary file exists, the final name is untouched.
+    EXPECT_TRUE(fs::is_regular_file(tmp));
+    EXPECT_TRUE(ReadFile(path) == first);
+    ASSERT_EQ(0, kill(child, SIGKILL));
     ASSERT_EQ(child, waitpid(child, &st, 0));
-    ASSERT_TRUE(WIFSIGNALED(st)) << "the writer exited by itself: " << st;
-    killed_mid_write += fs::exists(tmp);
-    fs::remove(tmp);  // the killed writer's temporary file: never under the final name
+    ASSERT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) << st;
+    EXPECT_TRUE(fs::is_regular_file(tmp)) << "the killed writer's temporary file";
+    fs::remove(tmp);  // never under the final name
+    EXPECT_TRUE(ReadFile(path) == first) << "the previous dump, byte for byte";
     auto d = ReadDump(path.string());
-    ASSERT_TRUE(d) << "round " << round << ": " << d.error().message;
-    EXPECT_EQ(fs::file_size(path), first.size()) << "round " << round;
+    ASSERT_TRUE(d) << d.error().message;
     ASSERT_EQ(d->vcpus.size(), 4u);
     for (const DumpVcpu& v : d->vcpus) EXPECT_EQ(v.exits.size(), kPerVcpu);
     ExpectDumpAccountsForEveryRecord(*d);
   }
   EXPECT_EQ(FilesIn(dir), std::vector<std::string>{"vmm.esdump"});
-  // Kills landed inside a write (which is what this case is about).
-  EXPECT_GE(killed_mid_write, 10);
 }
 
 // The file-size limit (RLIMIT_FSIZE, as a full disk would) stops a dump halfway: the write

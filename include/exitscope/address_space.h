@@ -169,7 +169,8 @@ class EXITSCOPE_EXPORT AddressSpace {
   // A bulk load starting from the current devices and ranges (a copy, taken now). Its
   // additions are checked as they come, against everything before them; none is visible
   // until Commit publishes them all as one table (one generation). Commit refuses
-  // (kUnavailable, nothing changes) a batch begun before another mutation was published.
+  // (kUnavailable, nothing changes) a batch begun before another mutation was published, and
+  // (kInvalidArgument) one begun on another AddressSpace.
   Batch BeginBatch() const;
   Status Commit(Batch&& batch);
 
@@ -323,8 +324,8 @@ class EXITSCOPE_EXPORT AddressSpace::Batch {
     uint32_t born = 0;  // kUnassigned: added by this batch
     const RegisterMap* map = nullptr;
   };
+  const AddressSpace* owner_ = nullptr;  // the space BeginBatch was called on
   uint32_t base_generation_ = 0;
-  size_t first_new_device_ = 0;
   bool changed_ = false;
   std::vector<DeviceInfo> devices_;
   std::unordered_map<std::string, uint32_t> names_;

@@ -328,9 +328,9 @@ AddressSpace::Batch AddressSpace::BeginBatch() const {
   Batch b;
   std::lock_guard<std::mutex> lock(mu_);
   const internal::AddressTable& cur = *current_;
+  b.owner_ = this;
   b.base_generation_ = cur.generation;
   b.devices_ = cur.devices;
-  b.first_new_device_ = b.devices_.size();
   b.names_.reserve(b.devices_.size());
   for (const DeviceInfo& d : b.devices_) b.names_.emplace(d.name, d.index);
   for (int si = 0; si < 2; ++si) {
@@ -344,6 +344,9 @@ AddressSpace::Batch AddressSpace::BeginBatch() const {
 }
 
 Status AddressSpace::Commit(Batch&& batch) {
+  if (batch.owner_ != this) {
+    return Fail(ErrorCode::kInvalidArgument, "the batch was begun on another address space");
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (batch.base_generation_ != current_->generation) {
     return Fail(ErrorCode::kUnavailable,

@@ -263,6 +263,9 @@ TEST(AddressSpaceMemory, BatchChecksAsAddRangeDoesAndCommitsOnce) {
   ASSERT_FALSE(refused.has_value());
   EXPECT_EQ(refused.error().code, ErrorCode::kUnavailable);
   EXPECT_FALSE(as.Lookup(IoSpace::kPio, 0x3f8, 1).assigned());
+  // A batch commits only to the address space it was begun on.
+  AddressSpace other;
+  EXPECT_EQ(other.Commit(as.BeginBatch()).error().code, ErrorCode::kInvalidArgument);
 }
 
 }  // namespace

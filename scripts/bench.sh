@@ -21,3 +21,5 @@ echo; echo "== cost per exit: no tracing, tracefs streaming, --bpf (docs/kvm-bpf
 "$B/kvm_bpf_overhead" --rounds 3 --iterations 10000
 echo; echo "== timeline of 1 M exits: time, bytes, memory (docs/timeline.md) =="
 "$B/timeline_benchmark"
+echo; echo "== device maps of 4,000 / 16,000 / 250,000 ranges: time, peak RSS (docs/recorder.md) =="
+scripts/device_map_load.sh "$BUILD/exitscope"

@@ -1,6 +1,8 @@
 #include "metrics/exit_metrics.h"
 
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "prometheus/text_serializer.h"
 
@@ -169,7 +171,11 @@ Result<Served> Serve(const std::string& listen,
                      const std::weak_ptr<prometheus::Collectable>& what) {
   try {
     Served s;
-    s.exposer = std::make_unique<prometheus::Exposer>(listen, 2);
+    // civetweb's defaults are 30 s to read a request and (prometheus-cpp's) 2 workers: two
+    // idle connections stopped every scrape for 30 s.
+    s.exposer = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", listen, "num_threads", std::to_string(kHttpThreads),
+        "request_timeout_ms", std::to_string(kRequestTimeoutMs), "enable_keep_alive", "no"});
     s.exposer->RegisterCollectable(what);
     const std::vector<int> ports = s.exposer->GetListeningPorts();
     if (ports.empty()) return Fail(ErrorCode::kIo, "metrics: " + listen + ": not listening");

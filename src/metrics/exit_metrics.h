@@ -101,9 +101,16 @@ struct Served {
   uint16_t port = 0;
 };
 
+// The HTTP server's limits (civetweb: one worker thread per connection, docs/prometheus.md
+// "Slow and idle clients"). kHttpThreads connections are served at once, the others wait in
+// a queue; a connection that has not sent its whole request kRequestTimeoutMs after a worker
+// took it is closed, so an idle or slow client holds a worker for at most that long.
+inline constexpr int kHttpThreads = 256;
+inline constexpr int kRequestTimeoutMs = 1000;
+
 // Serves `what` on LISTEN, an address ParseMetricsListen accepted ("127.0.0.1:9464"; port 0
-// takes a free one), with two worker threads. Errors (kIo): the port is taken, the address
-// is not local.
+// takes a free one), with the limits above. Errors (kIo): the port is taken, the address is
+// not local.
 Result<Served> Serve(const std::string& listen, const std::weak_ptr<prometheus::Collectable>& what);
 
 }  // namespace exitscope::metrics

@@ -58,6 +58,8 @@ Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::Parse(std::string_view text,
                             origin));
   }
   std::unique_ptr<KvmDeviceMap> m(new KvmDeviceMap());
+  // One batch, one table: a map of n lines costs O(n log n) time and O(n) memory.
+  AddressSpace::Batch batch = m->space_->BeginBatch();
   base::LineSplitter lines(text);
   for (std::string_view line; lines.Next(&line);) {
     const size_t line_no = lines.number();
@@ -98,17 +100,18 @@ Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::Parse(std::string_view text,
       }
     }
     uint32_t dev = 0;
-    if (auto found = m->space_->FindDevice(w[0]); found) {
+    if (auto found = batch.FindDevice(w[0]); found) {
       dev = *found;
     } else {
-      auto added = m->space_->AddDevice({.name = std::string(w[0]), .kind = std::string(w[1])});
+      auto added = batch.AddDevice({.name = std::string(w[0]), .kind = std::string(w[1])});
       if (!added) return fail(added.error().message);
       dev = *added;
     }
-    if (Status s = m->space_->AddRange(space, base, length, dev, std::move(map)); !s) {
+    if (Status s = batch.AddRange(space, base, length, dev, std::move(map)); !s) {
       return fail(s.error().message);
     }
   }
+  EXITSCOPE_RETURN_IF_ERROR(m->space_->Commit(std::move(batch)));
   for (const DeviceInfo& d : m->space_->Devices()) m->names_.push_back(d.name);
   return m;
 }
@@ -125,10 +128,11 @@ Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::LoadDump(const std::string& 
   auto dump = ReadDump(path);
   if (!dump) return Propagate(dump);
   std::unique_ptr<KvmDeviceMap> m(new KvmDeviceMap());
+  AddressSpace::Batch batch = m->space_->BeginBatch();
   std::vector<std::shared_ptr<const RegisterMap>> maps;
   for (const RegisterMap& rm : dump->maps) maps.push_back(std::make_shared<const RegisterMap>(rm));
   for (const DeviceInfo& d : dump->devices) {
-    auto added = m->space_->AddDevice({.name = d.name, .kind = d.kind, .id = d.id});
+    auto added = batch.AddDevice({.name = d.name, .kind = d.kind, .id = d.id});
     if (!added) {
       return Fail(ErrorCode::kCorrupt,
                   fmt::format("{}: device '{}': {}", path, d.name, added.error().message));
@@ -137,10 +141,11 @@ Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::LoadDump(const std::string& 
   for (const DumpRange& r : dump->ranges) {
     std::shared_ptr<const RegisterMap> map;
     if (r.map != kNoRegister && r.map < maps.size()) map = maps[r.map];
-    if (Status s = m->space_->AddRange(r.space, r.base, r.size, r.device, map); !s) {
+    if (Status s = batch.AddRange(r.space, r.base, r.size, r.device, map); !s) {
       return Fail(ErrorCode::kCorrupt, fmt::format("{}: {}", path, s.error().message));
     }
   }
+  EXITSCOPE_RETURN_IF_ERROR(m->space_->Commit(std::move(batch)));
   for (const DeviceInfo& d : m->space_->Devices()) m->names_.push_back(d.name);
   return m;
 }

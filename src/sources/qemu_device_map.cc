@@ -44,6 +44,8 @@ Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::FromQemuMtree(std::string_vi
                             origin));
   }
   std::unique_ptr<KvmDeviceMap> m(new KvmDeviceMap());
+  // One batch, one table: O(n log n) time and O(n) memory for n ranges.
+  AddressSpace::Batch batch = m->space_->BeginBatch();
   std::unordered_map<std::string, uint32_t> by_name;  // QEMU name -> device index
   std::unordered_set<std::string> keys;               // AddressSpace names taken
   std::unordered_map<std::string, int> suffixes;      // last "-N" given per key
@@ -70,7 +72,7 @@ Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::FromQemuMtree(std::string_vi
         const std::string kind = r.name == "io"     ? "unassigned"
                                  : map_name.empty() ? "qemu"
                                                     : std::string(map_name);
-        auto added = m->space_->AddDevice({.name = key, .kind = kind});
+        auto added = batch.AddDevice({.name = key, .kind = kind});
         if (!added) {
           return Fail(ErrorCode::kInvalidArgument,
                       fmt::format("{}: region '{}': {}", origin, r.name, added.error().message));
@@ -91,7 +93,7 @@ Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::FromQemuMtree(std::string_vi
         map = cached;
       }
       const bool ecam = r.name == kQemuEcamRegion;
-      if (Status s = m->space_->AddRange(space, r.start, size, dev, map); !s) {
+      if (Status s = batch.AddRange(space, r.start, size, dev, map); !s) {
         return Fail(ErrorCode::kInvalidArgument,
                     fmt::format("{}: region '{}': {}", origin, r.name, s.error().message));
       }
@@ -100,6 +102,7 @@ Result<std::unique_ptr<KvmDeviceMap>> KvmDeviceMap::FromQemuMtree(std::string_vi
       }
     }
   }
+  EXITSCOPE_RETURN_IF_ERROR(m->space_->Commit(std::move(batch)));
   return m;
 }
 

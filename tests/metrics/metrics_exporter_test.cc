@@ -6,10 +6,14 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <set>
+#include <string_view>
 #include <thread>
+#include <vector>
 
 #include "exitscope/exitscope.h"
 #include "exitscope/recorder.h"
@@ -298,6 +302,75 @@ TEST(MetricsExporter, AddressInUseIsAnIoError) {
   ASSERT_FALSE(second);
   EXPECT_EQ(second.error().code, ErrorCode::kIo);
   EXPECT_NE(second.error().message.find((*first)->address()), std::string::npos);
+}
+
+// A loopback connection to `port` (connected, nothing sent), or -1.
+int Connect(uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  timeval tv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Issue 28: two idle connections stopped /metrics for 30 s (civetweb's 2 workers, each
+// waiting 30 s for a request), and 200 clients sending partial headers slowly made every
+// scrape time out. Now 200 idle connections and 20 slow ones are held open while a scrape is
+// made: it must answer (HttpGet gives up after 10 s without a byte). No timing is asserted
+// beyond that.
+TEST(MetricsExporter, ScrapesWhileIdleAndSlowClientsHoldConnections) {
+  Vm vm = MakeVm();
+  Exit(*vm.rec, 0, ExitKind::kMmio, kSq1Tdbl, 4, AccessDir::kWrite);
+  auto e = MetricsExporter::Start(*vm.rec, Ephemeral());
+  ASSERT_TRUE(e) << e.error().message;
+  const uint16_t port = (*e)->port();
+  std::vector<int> idle, slow;
+  for (int i = 0; i < 200; ++i) {
+    const int fd = Connect(port);
+    ASSERT_GE(fd, 0) << "idle connection " << i;
+    idle.push_back(fd);
+  }
+  constexpr std::string_view kPartial = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n";
+  for (int i = 0; i < 20; ++i) {
+    const int fd = Connect(port);
+    ASSERT_GE(fd, 0) << "slow connection " << i;
+    ASSERT_EQ(::send(fd, kPartial.data(), kPartial.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(kPartial.size()));
+    slow.push_back(fd);
+  }
+  // The slow clients send one more header byte every 100 ms (a slowloris) until the scrape
+  // is over, for 60 s at most.
+  std::atomic<bool> scraped{false};
+  std::thread trickle([&] {
+    for (int tick = 0; tick < 600 && !scraped.load(); ++tick) {
+      for (const int fd : slow) (void)::send(fd, "X", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  const auto start = std::chrono::steady_clock::now();
+  int status = 0;
+  auto body = HttpGet("127.0.0.1", port, "/metrics", &status);
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  scraped.store(true);
+  trickle.join();
+  for (const int fd : idle) ::close(fd);
+  for (const int fd : slow) ::close(fd);
+  ASSERT_TRUE(body) << "no answer, HTTP status " << status;
+  std::printf("scrape answered in %.2f s with 200 idle and 20 slow connections held\n", took);
+  std::string err;
+  EXPECT_EQ(Value(ParseExposition(*body, &err), "exitscope_exit_duration_seconds_count",
+                  {{"device", "nvme0"}, {"register", "SQ1TDBL"}}),
+            1)
+      << err;
 }
 
 TEST(MetricsExporter, CApiServesAndStops) {

@@ -25,8 +25,9 @@ inline std::optional<std::string> HttpGet(const std::string& host, uint16_t port
   a.sin_family = AF_INET;
   a.sin_port = htons(port);
   ::inet_pton(AF_INET, host.c_str(), &a.sin_addr);
-  timeval tv{10, 0};
+  timeval tv{10, 0};  // per receive, and for connect and send (SO_SNDTIMEO bounds connect)
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
     ::close(fd);
     return std::nullopt;

@@ -64,7 +64,7 @@ TEST(AddressSpaceMemory, ABatchLoadIsOneTableLinearInItsRanges) {
 }
 
 // VmHWM (peak resident set) of this process in KiB, -1 when unknown.
-long PeakRssKiB() {
+[[maybe_unused]] long PeakRssKiB() {
   std::ifstream in("/proc/self/status");
   std::string line;
   while (std::getline(in, line)) {
@@ -75,7 +75,7 @@ long PeakRssKiB() {
 
 // Hands freed heap back and restarts VmHWM from the current RSS (clear_refs 5), so that the
 // next peak is what follows alone; false where the kernel refuses.
-bool ResetPeakRss() {
+[[maybe_unused]] bool ResetPeakRss() {
   ::malloc_trim(0);
   std::ofstream out("/proc/self/clear_refs");
   out << "5";

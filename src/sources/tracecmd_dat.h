@@ -108,5 +108,4 @@ class TraceCmdDat {
   std::vector<uint64_t> per_type_;
 };
 
-
 }  // namespace exitscope::sources

@@ -1,12 +1,6 @@
 #include "sources/kvm_device_map.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <charconv>
-#include <cstring>
 #include <vector>
 
 #include <fmt/format.h>

@@ -133,6 +133,7 @@ BpfKvmRows BuildBpfKvmRows(const BpfKvmSnapshot& snap, const BpfKvmRowOptions& o
   aopts.slow_ns = 0;  // no single exits here
   aopts.on_slow = nullptr;
   analysis::KvmAggregator agg(std::move(aopts));
+  EventSink& sink = agg;  // the maps' aggregates arrive as any source's events do
   const auto vcpus = VcpuNumbers(snap);
   auto vcpu_of = [&](const ks_key& k) -> uint32_t {
     if (k.vcpu >= 0) return static_cast<uint32_t>(k.vcpu);
@@ -167,13 +168,13 @@ BpfKvmRows BuildBpfKvmRows(const BpfKvmSnapshot& snap, const BpfKvmRowOptions& o
     ++out.keys;
     const ExitEvent e = d.EventOf(s.key, vcpu_of(s.key));
     count_exit(e, s.stats.timed, s.stats.untimed);
-    agg.OnSamples(e, {.buckets = s.buckets,
-                      .timed = s.stats.timed,
-                      .sum = s.stats.sum,
-                      .min = s.stats.min,
-                      .max = s.stats.max,
-                      .sum_squares = s.sum_squares(),
-                      .untimed = s.stats.untimed});
+    sink.OnSamples(e, {.buckets = s.buckets,
+                       .timed = s.stats.timed,
+                       .sum = s.stats.sum,
+                       .min = s.stats.min,
+                       .max = s.stats.max,
+                       .sum_squares = s.sum_squares(),
+                       .untimed = s.stats.untimed});
   }
 
   // What the threads hold, placed as KvmPairer::Finish() would.

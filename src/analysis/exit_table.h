@@ -74,16 +74,9 @@ struct RowText {
   std::string name;
 };
 
-// Samples of one key counted elsewhere (the in-kernel maps of `kvm stat --bpf`): the timed
-// ones as LatencyHistogram bucket counts with their sum, min, max and sum of squares
-// (LatencyStats::MergeBuckets), and the number without a time.
-struct SampleBatch {
-  std::span<const std::pair<uint32_t, uint64_t>> buckets;  // (bucket, count)
-  uint64_t timed = 0;  // as the source counted them (the row counts what the buckets hold)
-  uint64_t sum = 0, min = 0, max = 0;
-  long double sum_squares = 0;
-  uint64_t untimed = 0;
-};
+// Samples of one key counted elsewhere arrive as a SampleBatch (sources/event.h, the in-kernel
+// maps of `kvm stat --bpf`): the timed ones as LatencyHistogram bucket counts with their sum,
+// min, max and sum of squares (LatencyStats::MergeBuckets), and the number without a time.
 
 // Indexes one ExitTable by RowKey. Rows are heap objects (a LatencyStats is ~30 KiB) that
 // never move: a pointer to one stays valid while the table lives, whatever is added or sorted.

@@ -15,6 +15,7 @@
 #include "sources/kvm_device_map.h"
 #include "sources/kvm_input.h"
 #include "sources/kvm_pairing.h"
+#include "sources/source.h"
 
 namespace exitscope::analysis {
 namespace {
@@ -404,35 +405,35 @@ Result<JointView> BuildJointViewFromTrace(const Dump& dump, const std::string& d
   auto devices = sources::KvmDeviceMap::LoadDump(dump_path);
   if (!devices) return Propagate(devices);
   // The dump's TSC frequency: never this host's (the trace's ticks are the dump host's).
-  sources::KvmInputOptions iopts;
-  iopts.tsc_khz = dump.clock.tsc_hz ? (dump.clock.tsc_hz + 500) / 1000 : 1;
-  auto in = sources::KvmInput::Open(trace_path, iopts);
+  // Identity clock: start_ns / duration_ns stay in the trace's ticks.
+  sources::SourceOptions so;
+  so.input.tsc_khz = dump.clock.tsc_hz ? (dump.clock.tsc_hz + 500) / 1000 : 1;
+  so.raw_clock = true;
+  so.pairer.devices = devices->get();
+  std::vector<SchedSwitch> sched;
+  so.record_observer = [](const sources::KvmRecord& r, void* ctx) {
+    if (r.type != sources::KvmEventType::kSchedSwitch) return;
+    // prev_state with no state bit set (the low byte) is TASK_RUNNING: preempted.
+    static_cast<std::vector<SchedSwitch>*>(ctx)->push_back({r.ts, static_cast<uint32_t>(r.prev_tid),
+                                                            static_cast<uint32_t>(r.next_tid),
+                                                            (r.prev_state & 0xff) == 0});
+  };
+  so.observer_ctx = &sched;
+  auto in = sources::OpenKernelTrace(trace_path, so);
   if (!in) return Propagate(in);
   CollectingSink sink;
-  // Identity clock: start_ns / duration_ns stay in the trace's ticks.
-  sources::KvmPairer pairer({.devices = devices->get()}, &sink);
-  std::vector<SchedSwitch> sched;
-  pairer.SetRecordObserver(
-      [](const sources::KvmRecord& r, void* ctx) {
-        if (r.type != sources::KvmEventType::kSchedSwitch) return;
-        // prev_state with no state bit set (the low byte) is TASK_RUNNING: preempted.
-        static_cast<std::vector<SchedSwitch>*>(ctx)->push_back(
-            {r.ts, static_cast<uint32_t>(r.prev_tid), static_cast<uint32_t>(r.next_tid),
-             (r.prev_state & 0xff) == 0});
-      },
-      &sched);
-  if (Status s = (*in)->ReadAll(&pairer); !s) return Propagate(s);
-  // ReadAll ends with pairer.Finish(): exits left open are emitted as kOpenAtEnd.
+  if (Status s = (*in)->Run(&sink); !s) return Propagate(s);
+  // Run ends with the pairer's Finish(): exits left open are emitted as kOpenAtEnd.
   // Records come in time order (per CPU, merged): a thread's switches are in order.
   std::stable_sort(sched.begin(), sched.end(),
                    [](const SchedSwitch& a, const SchedSwitch& b) { return a.ts < b.ts; });
-  auto view = BuildJointView(dump, sink.events, (*in)->clock(), opts, &sched);
+  auto view = BuildJointView(dump, sink.events, (*in)->info().clock, opts, &sched);
   if (!view) {
     return Fail(view.error().code,
                 fmt::format("{} + {}: {}", dump_path, trace_path, view.error().message));
   }
-  view->trace_format = (*in)->format_name();
-  view->kernel_lost_events = pairer.stats().lost_events;
+  view->trace_format = (*in)->info().format;
+  view->kernel_lost_events = (*in)->pairing()->lost_events;
   if (view->kernel_lost_events != 0) {
     view->warnings.push_back(
         fmt::format("the trace lost {} records (ring buffer overruns)", view->kernel_lost_events));

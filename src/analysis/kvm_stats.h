@@ -99,10 +99,10 @@ class KvmAggregator final : public EventSink {
  public:
   explicit KvmAggregator(KvmAnalysisOptions options);
   void OnExit(const ExitEvent& e) override;
-  // Samples of one exit key aggregated elsewhere (an entry of `kvm stat --bpf`'s in-kernel
-  // maps): `e` is the exit they all are (duration and end unused), counted, classified and
-  // filtered as b.timed + b.untimed calls of OnExit would be.
-  void OnSamples(const ExitEvent& e, const SampleBatch& b);
+  // Samples of one exit key aggregated at the source (an entry of `kvm stat --bpf`'s in-kernel
+  // maps, EventSink::OnSamples): `e` is the exit they all are (duration and end unused),
+  // counted, classified and filtered as b.timed + b.untimed calls of OnExit would be.
+  void OnSamples(const ExitEvent& e, const SampleBatch& b) override;
   // The printed key of the row `e` belongs to; false when the class or the filters leave it
   // out. Counts nothing (an exit still in flight, shown beside a refresh).
   bool RowKeyText(const ExitEvent& e, std::string* text) const;

@@ -1,4 +1,5 @@
-// `exitscope inspect DUMP`: the exit-health report of a recorder dump.
+// `exitscope inspect INPUT`: the exit-health report of a recorder dump (or kvm report's tables
+// of a kernel trace), in any --format (report/renderer.h).
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -7,33 +8,37 @@
 
 #include "cli/commands.h"
 #include "cli/parse_args.h"
+#include "cli/report_pipeline.h"
 #include "exitscope/dump.h"
-#include "report/exit_health.h"
-#include "report/html_report.h"
-#include "report/joint_report.h"
+#include "fmt/format.h"
+#include "report/renderer.h"
+#include "sources/source.h"
 
 namespace exitscope::cli {
 
 int InspectMain(int argc, char** argv) {
+  const char* self = "exitscope inspect";
   CLI::App app{
       "Summarise a recorder dump (.esdump): exits per kind, device, register and vCPU with\n"
       "count, total time, min, p50, p99, p99.9, max; the slow exits and watchdog findings in\n"
-      "time order (with the I/Os in flight at each finding); lost-record counters.",
+      "time order (with the I/Os in flight at each finding); lost-record counters. A kernel\n"
+      "trace (.dat, trace-cmd report / ftrace / perf script text) gets `kvm report`'s tables.",
       argv[0]};
   std::string path, format = "table";
   int64_t vcpu = -1;
   std::string device;
   size_t rows = 20;
   bool all = false;
-  app.add_option("DUMP", path,
-                 "dump file written by the recorder (WriteDump, signal, exitscope run)")
+  app.add_option("INPUT", path,
+                 "dump file written by the recorder (WriteDump, signal, exitscope run), or a "
+                 "kernel trace; detected by content")
       ->required();
-  app.add_option("--format", format, "output format")
-      ->check(CLI::IsMember({"table", "json", "html"}))
+  app.add_option("--format", format, report::FormatChoices(report::Need::kFile))
       ->capture_default_str();
   std::string output;
   app.add_option("-o,--output", output,
-                 "write the report to FILE ('-' or none: stdout); --format html needs it");
+                 "write the report to FILE ('-' or none: stdout); --format html and timeline "
+                 "need it");
   app.add_option("--vcpu", vcpu, "only exits of this vCPU")->check(kNonNegativeInteger);
   app.add_option("--device", device, "only exits on this device (a name, or 'unassigned')");
   app.add_option("--rows", rows, "rows per table in table format (0 = all)")
@@ -49,40 +54,38 @@ int InspectMain(int argc, char** argv) {
       "Exit status: 0 ok, 1 a runtime failure (e.g. a read error), 2 bad usage or a missing, "
       "corrupt or unsupported dump.\n"
       "JSON schema: docs/inspect.md. HTML (one self-contained page with plots): "
-      "docs/html-report.md.");
+      "docs/html-report.md. Timeline: docs/timeline.md.");
   if (auto rc = ParseArgs(app, argc, argv)) return *rc;
-  const bool html = format == "html";
-  if (html && output.empty()) {
-    return UsageError("exitscope inspect",
-                      "--format html: give the page's file with -o FILE (-o - for stdout)");
-  }
-  if (html && !report::HtmlUnavailable().empty()) {
-    std::fprintf(stderr, "exitscope inspect: --format html: %s\n",
-                 report::HtmlUnavailable().data());
-    return 1;
-  }
+  int status = 0;
+  const report::Renderer* renderer =
+      PickRenderer(self, format, report::Need::kFile, output, &status);
+  if (renderer == nullptr) return status;
 
-  auto dump = ReadDump(path);
-  if (!dump) {
-    return ReportError("exitscope inspect", dump.error());
+  auto src = sources::OpenSource(path, {});
+  if (!src) return ReportError(self, src.error());
+  const Dump* dump = (*src)->dump();
+  if (dump == nullptr) {  // a kernel trace: kvm report's tables
+    if (!kernel.empty() || !device.empty()) {
+      return UsageError(self, fmt::format("{}: {}: a kernel trace, not a dump", path,
+                                          !kernel.empty() ? "--kernel" : "--device"));
+    }
+    KvmReportRun run;
+    run.self = self;
+    run.renderer = renderer;
+    run.output = output;
+    run.analysis.vcpu = vcpu;
+    run.vcpu = vcpu;
+    return RenderKvmReport(run, **src);
   }
   if (!kernel.empty()) {
     if (vcpu >= 0 || !device.empty()) {
-      return UsageError("exitscope inspect", "--kernel: --vcpu and --device do not apply");
+      return UsageError(self, "--kernel: --vcpu and --device do not apply");
     }
-    report::JointRenderOptions jo;
-    jo.dump = path;
-    jo.trace = kernel;
-    jo.rows = all ? 0 : rows;
-    auto out = html ? report::RenderJointHtml(*dump, jo)
-                    : report::RenderJointViewOfFiles(*dump, jo, format == "json");
-    if (!out) return ReportError("exitscope inspect", out.error());
-    if (Status s = WriteOutput(output, *out); !s)
-      return ReportError("exitscope inspect", s.error());
-    return 0;
+    return RenderJointReport(self, *renderer, *dump, path, kernel, all ? 0 : rows, output);
   }
-  report::ExitHealthOptions o;
-  o.format = format == "json" ? report::OutputFormat::kJson : report::OutputFormat::kTable;
+  report::HealthModel h;
+  h.dump = dump;
+  report::ExitHealthOptions& o = h.options;
   o.source = path;
   o.max_rows = all ? 0 : rows;
   o.max_notable = all ? 0 : 50;
@@ -107,10 +110,12 @@ int InspectMain(int argc, char** argv) {
     }
     o.filter.device = device;
   }
+  report::ReportModel m{.health = &h};
+  m.timeline.dump = dump;
+  m.timeline.dump_path = path;
   try {
-    const std::string out =
-        html ? report::RenderExitHealthHtml(*dump, o) : report::ExitHealthReport(*dump, o);
-    if (Status s = WriteOutput(output, out); !s) return ReportError("exitscope inspect", s.error());
+    if (Status s = report::WriteReport(*renderer, m, output); !s)
+      return ReportError(self, s.error());
   } catch (const std::exception& e) {  // never an abort: one line naming the input
     std::fprintf(stderr, "exitscope inspect: %s: cannot render the report: %s\n", path.c_str(),
                  e.what());

@@ -6,12 +6,10 @@
 //                      [--histogram] [--format table|json|csv] [--device-map FILE]
 //                      [--cumulative] [--metrics ADDR:PORT]
 //
-// Records come from tracefs raw per-CPU pages (a private instance, every setting restored on
-// exit, Ctrl-C included), are decoded with kvm-analysis's KvmTepDecoder, paired into exits
-// by KvmPairer and aggregated by KvmAggregator: the very code `kvm report` runs on a file.
-// Pages are read every 10 ms; KvmLiveFeeder (sources/tracefs_kvm.h) merges them across CPUs
-// in time order, 50 ms behind the newest record, so the per-thread order the pairer needs
-// holds.
+// Exits come from sources::TracefsLiveSource (tracefs raw per-CPU pages, a private instance,
+// every setting restored on exit, Ctrl-C included; paired by KvmPairer), are aggregated by
+// KvmAggregator and rendered by the --format renderer (report/renderer.h): the very code
+// `kvm report` runs on a file.
 #include <sys/ioctl.h>
 #include <unistd.h>
 
@@ -34,18 +32,10 @@
 #include "exitscope/metrics.h"
 #include "fmt/format.h"
 #include "report/kvm_report.h"
-#include "sources/host_tsc.h"
+#include "report/renderer.h"
 #include "sources/kvm_device_map.h"
 #include "sources/kvm_pairing.h"
-#include "sources/kvm_trace.h"
-#include "sources/tracecmd_dat.h"
-#include "sources/tracefs_kvm.h"
-#include "sources/tracefs_reader.h"
-#include "sources/tracefs_session.h"
-
-extern "C" {
-#include <event-parse.h>
-}
+#include "sources/tracefs_live.h"
 
 namespace exitscope::cli {
 namespace {
@@ -102,6 +92,8 @@ int KvmLiveMain(int argc, char** argv) {
   const std::string& format = flags.format;
   const int64_t pid = flags.pid;
 
+  const report::Renderer* renderer = *report::FindRenderer(format, report::Need::kLive);
+
   sources::TracefsOptions topts;
   topts.tracefs_dir = tracefs_dir;
   if (!events.empty()) topts.events = events;
@@ -109,18 +101,9 @@ int KvmLiveMain(int argc, char** argv) {
   if (pid > 0) topts.pid = static_cast<pid_t>(pid);
 
   StopSignalScope signals;
-  auto session = sources::TracefsSession::Open(topts);
-  if (!session) return ReportError(self, session.error());
-  sources::TracefsSession& s = **session;
-  auto reader = sources::TracefsPageReader::Open(s);
-  if (!reader) return ReportError(self, reader.error());
-  auto tep = sources::TepEvents::Load(s.tracefs_dir(), s.systems());
-  if (!tep) return ReportError(self, tep.error());
-
-  const uint64_t tsc_khz = s.clock() == "x86-tsc" ? sources::HostTscKhz() : 0;
-  popts.clock = sources::ScaleForClock(s.clock(), tsc_khz);
-  // 50 ms in the capture clock's units.
-  const uint64_t lag = tsc_khz ? tsc_khz * 50 : 50'000'000;
+  auto opened = sources::TracefsLiveSource::Open(topts, popts);
+  if (!opened) return ReportError(self, opened.error());
+  sources::TracefsLiveSource& src = **opened;
 
   std::deque<std::string> slow_lines;
   if (aopts.slow_ns != 0) {
@@ -138,32 +121,25 @@ int KvmLiveMain(int argc, char** argv) {
     std::fprintf(stderr, "exitscope kvm live: metrics on http://%s/metrics\n",
                  metrics->address().c_str());
   }
-  sources::KvmPairer pairer(popts, metrics ? static_cast<EventSink*>(metrics.get()) : &agg);
-  sources::KvmLiveFeeder merger(tep->get(), &pairer, lag);
-  sources::RawPageDecoder pages(tep->get());
-  auto sink = [&](int cpu, const uint8_t* page, size_t size) -> Status {
-    pages.Decode(cpu, page, size, merger);
-    return {};
-  };
 
-  report::KvmReportContext ctx;
-  ctx.input = "live";
-  ctx.format = "tracefs";
-  ctx.clock = s.clock();
-  ctx.tsc_khz = tsc_khz;
-  ctx.tsc_khz_from_host = tsc_khz != 0;
-  ctx.pairing = &pairer.stats();
-  ctx.pid = pid;
-  ctx.vcpu = flags.vcpu;
+  report::KvmModel model;
+  model.analysis = &agg.analysis();
+  model.context.input = "live";
+  model.context.format = src.info().format;
+  model.context.clock = src.info().clock;
+  model.context.tsc_khz = src.info().tsc_khz;
+  model.context.tsc_khz_from_host = src.info().tsc_khz_from_host;
+  model.context.pairing = src.pairing();
+  model.context.pid = pid;
+  model.context.vcpu = flags.vcpu;
+  model.render = ropts;
   const bool clear = format == "table" && !no_clear && ::isatty(STDOUT_FILENO);
 
-  if (Status st = s.Start(); !st) return ReportError(self, st.error());
-  const auto start = std::chrono::steady_clock::now();
-  auto next_refresh = start + std::chrono::duration<double>(interval);
   int refresh = 0;
+  Status failure;
   auto render = [&](bool final_one) {
     agg.Finish();
-    if (metrics) metrics->SetLostEvents(pages.lost_events());
+    if (metrics) metrics->SetLostEvents(src.lost_events());
     ++refresh;
     std::string out;
     if (format == "table") {
@@ -175,54 +151,49 @@ int KvmLiveMain(int argc, char** argv) {
           "exitscope kvm live: {} {} #{} (every {} s{}), clock {}, lost {} "
           "events{}\n",
           final_one ? "final" : "refresh", when, refresh, interval,
-          cumulative ? ", cumulative" : "", s.clock(), pages.lost_events(),
-          pages.lost_unknown_pages()
-              ? fmt::format(" (+{} pages with an unknown count)", pages.lost_unknown_pages())
+          cumulative ? ", cumulative" : "", src.info().clock, src.lost_events(),
+          src.lost_unknown_pages()
+              ? fmt::format(" (+{} pages with an unknown count)", src.lost_unknown_pages())
               : "");
-      out += report::RenderKvmTable(agg.analysis(), ctx, ropts);
-      if (!slow_lines.empty()) {
-        out += fmt::format("\nSlowest-threshold exits (>= {} us), latest {}:\n", flags.duration_us,
-                           slow_lines.size());
-        for (const std::string& l : slow_lines) out += l + "\n";
-      }
-    } else if (format == "json") {
-      out = report::RenderKvmJson(agg.analysis(), ctx, ropts);
+    }
+    auto text = report::RenderText(*renderer, {.kvm = &model});
+    if (!text) {
+      failure = Propagate(text);
+      return;
+    }
+    out += *text;
+    if (format == "table" && !slow_lines.empty()) {
+      out += fmt::format("\nSlowest-threshold exits (>= {} us), latest {}:\n", flags.duration_us,
+                         slow_lines.size());
+      for (const std::string& l : slow_lines) out += l + "\n";
+    }
+    if (format == "json") {  // one document per line
       while (!out.empty() && out.back() == '\n') out.pop_back();
       std::replace(out.begin(), out.end(), '\n', ' ');
       out += '\n';
-    } else {
-      out = report::RenderKvmCsv(agg.analysis(), ctx, ropts);
     }
     std::fwrite(out.data(), 1, out.size(), stdout);
     std::fflush(stdout);
     if (!cumulative) agg.Reset();
   };
 
-  for (;;) {
-    auto n = (*reader)->Poll(sink);
-    if (!n) return ReportError(self, n.error());
-    merger.Flush(false);
-    if (StopSignalScope::StopRequested()) break;
+  const auto start = std::chrono::steady_clock::now();
+  auto next_refresh = start + std::chrono::duration<double>(interval);
+  src.SetControl({.tick = [&] {
+    if (StopSignalScope::StopRequested()) return false;
     const auto now = std::chrono::steady_clock::now();
-    if (stop_after > 0 && now - start >= std::chrono::duration<double>(stop_after)) break;
+    if (stop_after > 0 && now - start >= std::chrono::duration<double>(stop_after)) return false;
     if (now >= next_refresh) {
       render(false);
       next_refresh += std::chrono::duration<double>(interval);
       if (next_refresh < now) next_refresh = now + std::chrono::duration<double>(interval);
     }
-    ::usleep(10'000);  // a signal cuts it short
-  }
-  (void)s.Stop();
-  for (int idle = 0; idle < 2;) {
-    auto n = (*reader)->Poll(sink);
-    if (!n) break;
-    if (*n == 0) ++idle;
-  }
-  merger.Flush(true);
-  pairer.Finish();
+    return true;
+  }});
+  if (Status st = src.Run(metrics ? static_cast<EventSink*>(metrics.get()) : &agg); !st)
+    return ReportError(self, st.error());
   render(true);
-  (*reader)->Close();
-  if (Status st = s.Close(); !st) return ReportError(self, st.error());
+  if (!failure) return ReportError(self, failure.error());
   return 0;
 }
 

@@ -41,14 +41,11 @@
 #include "fmt/format.h"
 #include "report/format.h"
 #include "report/kvm_report.h"
+#include "report/renderer.h"
 #include "sources/bpf/bpf_kvm_stat.h"
-#include "sources/host_tsc.h"
 #include "sources/kvm_device_map.h"
 #include "sources/kvm_pairing.h"
-#include "sources/tracecmd_dat.h"
-#include "sources/tracefs_kvm.h"
-#include "sources/tracefs_reader.h"
-#include "sources/tracefs_session.h"
+#include "sources/tracefs_live.h"
 
 namespace exitscope::cli {
 namespace {
@@ -79,10 +76,12 @@ std::chrono::steady_clock::duration Seconds(double s) {
 }
 
 // Waits until the next refresh, the end of --duration, CMD's exit or Ctrl-C; polls `tick`
-// every 10 ms (tracefs drains its pages there). Returns true when the run is over.
+// every 10 ms. Returns true when the run is over. `once`: checks once and returns (a live
+// source's tick, which reads and sleeps itself).
 template <typename Tick, typename Refresh>
 bool Wait(StatRun& run, std::chrono::steady_clock::time_point start,
-          std::chrono::steady_clock::time_point* next_refresh, Tick&& tick, Refresh&& refresh) {
+          std::chrono::steady_clock::time_point* next_refresh, Tick&& tick, Refresh&& refresh,
+          bool once = false) {
   for (;;) {
     if (!tick()) return true;
     if (StopSignalScope::StopRequested()) {
@@ -103,20 +102,24 @@ bool Wait(StatRun& run, std::chrono::steady_clock::time_point start,
       *next_refresh += Seconds(run.interval);
       if (*next_refresh < now) *next_refresh = now + Seconds(run.interval);
     }
-    ::usleep(10'000);  // a signal cuts it short
+    if (once) return false;  // the caller sleeps (TracefsLiveSource's tick)
+    ::usleep(10'000);        // a signal cuts it short
   }
 }
 
+// One refresh by the --format renderer (a live one: table, json on one line, csv).
 std::string Render(const analysis::KvmAnalysis& a, const report::KvmReportContext& ctx,
                    const report::KvmRenderOptions& ropts, const std::string& format) {
+  report::KvmModel k{.analysis = &a, .context = ctx, .render = ropts};
+  auto r = report::FindRenderer(format, report::Need::kLive);  // validated by the flags
+  auto text = report::RenderText(**r, {.kvm = &k});
+  std::string out = text ? std::move(*text) : text.error().message + "\n";
   if (format == "json") {
-    std::string out = report::RenderKvmJson(a, ctx, ropts);
     while (!out.empty() && out.back() == '\n') out.pop_back();
     std::replace(out.begin(), out.end(), '\n', ' ');
-    return out + '\n';
+    out += '\n';
   }
-  if (format == "csv") return report::RenderKvmCsv(a, ctx, ropts);
-  return report::RenderKvmTable(a, ctx, ropts);
+  return out;
 }
 
 int StartChild(StatRun& run) {
@@ -235,16 +238,9 @@ int RunTracefs(StatRun& run) {
   topts.tracefs_dir = run.tracefs_dir;
   if (run.flags.pid > 0) topts.pid = static_cast<pid_t>(run.flags.pid);
   if (!run.cmd.empty()) topts.pid = run.child.pid();
-  auto session = sources::TracefsSession::Open(topts);
-  if (!session) return ReportError(run.self, session.error());
-  sources::TracefsSession& s = **session;
-  auto reader = sources::TracefsPageReader::Open(s);
-  if (!reader) return ReportError(run.self, reader.error());
-  auto tep = sources::TepEvents::Load(s.tracefs_dir(), s.systems());
-  if (!tep) return ReportError(run.self, tep.error());
-  const uint64_t tsc_khz = s.clock() == "x86-tsc" ? sources::HostTscKhz() : 0;
-  run.popts.clock = sources::ScaleForClock(s.clock(), tsc_khz);
-  const uint64_t lag = tsc_khz ? tsc_khz * 50 : 50'000'000;  // 50 ms
+  auto opened = sources::TracefsLiveSource::Open(topts, run.popts);
+  if (!opened) return ReportError(run.self, opened.error());
+  sources::TracefsLiveSource& src = **opened;
 
   analysis::KvmAggregator agg(run.aopts);
   std::unique_ptr<KvmLiveMetrics> metrics;  // a tee in front of the aggregator, as kvm live
@@ -255,20 +251,13 @@ int RunTracefs(StatRun& run) {
     std::fprintf(stderr, "%s: metrics on http://%s/metrics\n", run.self,
                  metrics->address().c_str());
   }
-  sources::KvmPairer pairer(run.popts, metrics ? static_cast<EventSink*>(metrics.get()) : &agg);
-  sources::KvmLiveFeeder merger(tep->get(), &pairer, lag);
-  sources::RawPageDecoder pages(tep->get());
-  auto sink = [&](int cpu, const uint8_t* page, size_t size) -> Status {
-    pages.Decode(cpu, page, size, merger);
-    return {};
-  };
   report::KvmReportContext ctx;
   ctx.input = run.cmd.empty() ? "live" : run.cmd[0];
-  ctx.format = "tracefs";
-  ctx.clock = s.clock();
-  ctx.tsc_khz = tsc_khz;
-  ctx.tsc_khz_from_host = tsc_khz != 0;
-  ctx.pairing = &pairer.stats();
+  ctx.format = src.info().format;
+  ctx.clock = src.info().clock;
+  ctx.tsc_khz = src.info().tsc_khz;
+  ctx.tsc_khz_from_host = src.info().tsc_khz_from_host;
+  ctx.pairing = src.pairing();
   ctx.pid = run.flags.pid;
   ctx.vcpu = run.flags.vcpu;
   int refresh = 0;
@@ -277,46 +266,38 @@ int RunTracefs(StatRun& run) {
     ++refresh;
     std::string out;
     if (format == "table") {
-      out += fmt::format("exitscope kvm stat (tracefs): {} #{}, clock {}, lost {} events{}\n",
-                         final_one ? "final" : "refresh", refresh, s.clock(), pages.lost_events(),
-                         final_one && !run.stopped.empty() ? "; stopped: " + run.stopped : "");
+      out +=
+          fmt::format("exitscope kvm stat (tracefs): {} #{}, clock {}, lost {} events{}\n",
+                      final_one ? "final" : "refresh", refresh, src.info().clock, src.lost_events(),
+                      final_one && !run.stopped.empty() ? "; stopped: " + run.stopped : "");
     }
     out += Render(agg.analysis(), ctx, run.ropts, format);
     std::fwrite(out.data(), 1, out.size(), stdout);
     std::fflush(stdout);
   };
 
-  if (Status st = s.Start(); !st) return ReportError(run.self, st.error());
-  if (int rc = StartChild(run); rc != 0) return rc;
   const auto start = std::chrono::steady_clock::now();
   auto next_refresh = start + Seconds(run.interval);
-  Status failure;
-  Wait(
-      run, start, &next_refresh,
-      [&] {
-        auto n = (*reader)->Poll(sink);
-        if (!n) {
-          failure = Propagate(n);
-          return false;
-        }
-        merger.Flush(false);
-        if (metrics) metrics->SetLostEvents(pages.lost_events());
-        return true;
-      },
-      [&] { print(false); });
-  (void)s.Stop();
-  for (int idle = 0; idle < 2;) {
-    auto n = (*reader)->Poll(sink);
-    if (!n) break;
-    if (*n == 0) ++idle;
-  }
-  merger.Flush(true);
-  pairer.Finish();
+  int child_rc = 0;  // StartChild printed why
+  src.SetControl({.started = [&]() -> Status {
+                    child_rc = StartChild(run);
+                    if (child_rc != 0) return Fail(ErrorCode::kNotFound, "CMD did not start");
+                    return {};
+                  },
+                  .tick =
+                      [&] {
+                        if (metrics) metrics->SetLostEvents(src.lost_events());
+                        return !Wait(
+                            run, start, &next_refresh, [] { return true; }, [&] { print(false); },
+                            /*once=*/true);
+                      }});
+  Status failure = src.Run(metrics ? static_cast<EventSink*>(metrics.get()) : &agg);
   StopChild(run);
-  if (!failure) return ReportError(run.self, failure.error());
+  if (!failure) {
+    if (child_rc != 0) return child_rc;
+    return ReportError(run.self, failure.error());
+  }
   print(true);
-  (*reader)->Close();
-  if (Status st = s.Close(); !st) return ReportError(run.self, st.error());
   return 0;
 }
 

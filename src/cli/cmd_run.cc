@@ -4,7 +4,7 @@
 //
 //   exitscope run [--vcpus N] [--guest NAME|PATH] [--serial PATH] [--disk PATH]
 //                 [--inject SPEC]... [--slow MS] [--dump PATH] [--duration SECONDS]
-//                 [--no-record] [--format table|json] [--list-guests]
+//                 [--no-record] [--format table|json|csv|html|timeline] [-o FILE] [--list-guests]
 //                 [--metrics ADDR:PORT [--linger SECONDS]]
 //
 // Exit status: 0 the guest passed (or --duration stopped it without a failure), 1 the guest
@@ -21,13 +21,13 @@
 #include "CLI/CLI.hpp"
 #include "cli/commands.h"
 #include "cli/parse_args.h"
+#include "cli/report_pipeline.h"
 #include "exitscope/dump.h"
 #include "exitscope/metrics.h"
+#include "report/renderer.h"
 #include "vmm/guest_image.h"
 #include "vmm/kvm.h"
 #include "vmm/vmm.h"
-
-#include "report/exit_health.h"
 
 namespace exitscope::cli {
 namespace {
@@ -204,7 +204,13 @@ int RunMain(int argc, char** argv) {
                  "stop the guest after SECONDS (default: when it ends)")
       ->check(kFiniteNonNegative);
   app.add_flag("--no-record", no_record, "run without the recorder (for overhead comparisons)");
-  app.add_option("--format", format, "report format: table | json")->default_val("table");
+  app.add_option("--format", format,
+                 "the end-of-run report's format: " + report::FormatChoices(report::Need::kFile))
+      ->default_val("table");
+  std::string output;
+  app.add_option("-o,--output", output,
+                 "write the end-of-run report to FILE ('-' or none: stdout); --format html and "
+                 "timeline need it");
   app.add_option("--metrics", metrics_listen,
                  "serve Prometheus metrics on http://ADDR:PORT/metrics while the guest runs "
                  "(:PORT = 127.0.0.1:PORT; docs/prometheus.md)");
@@ -214,8 +220,10 @@ int RunMain(int argc, char** argv) {
       ->check(kFiniteNonNegative);
   if (auto rc = ParseArgs(app, argc, argv)) return *rc;
   if (list) return ListGuests();
-  if (format != "table" && format != "json")
-    return Usage(self, "--format " + format + ": expected table or json");
+  int status = 0;
+  const report::Renderer* renderer =
+      PickRenderer(self, format, report::Need::kFile, output, &status);
+  if (renderer == nullptr) return status;
   if (cfg.vcpus == 0 || cfg.vcpus > ES_MAX_VCPUS)
     return Usage(self, "--vcpus " + std::to_string(cfg.vcpus) + ": out of range (1..16)");
   if (cfg.duration_s < 0) return Usage(self, "--duration: must not be negative");
@@ -241,7 +249,9 @@ int RunMain(int argc, char** argv) {
   cfg.mem_bytes = mem_mb << 20;
   cfg.record = !no_record;
   cfg.write_dump = !no_dump;
-  if (format == "json" && cfg.serial_path.empty()) cfg.serial_stream = stderr;
+  // A report on stdout that is not the table: the guest's serial output goes to stderr.
+  if (format != "table" && (output.empty() || output == "-") && cfg.serial_path.empty())
+    cfg.serial_stream = stderr;
 
   // Without KVM nothing else matters: say so before creating disks or dumps.
   if (auto kvm = vmm::KvmSystem::Open(cfg.kvm_path); !kvm) {
@@ -283,10 +293,15 @@ int RunMain(int argc, char** argv) {
   }
   PrintSummary(cfg, *result);
   if (Recorder* rec = (*vm)->recorder()) {
-    report::ExitHealthOptions opts;
-    opts.format = format == "json" ? report::OutputFormat::kJson : report::OutputFormat::kTable;
-    opts.source = "live snapshot of exitscope run --guest " + cfg.guest;
-    report::WriteExitHealthReport(rec->Snapshot(), opts, stdout);
+    const Dump snapshot = rec->Snapshot();
+    report::HealthModel h{.dump = &snapshot};
+    h.options.source = "live snapshot of exitscope run --guest " + cfg.guest;
+    report::ReportModel m{.health = &h};
+    m.timeline.dump = &snapshot;
+    if (Status s = report::WriteReport(*renderer, m, output); !s) {
+      std::fprintf(stderr, "%s: %s\n", self, s.error().message.c_str());
+      return 1;
+    }
   }
   if (result->fatal) return 1;
   if (!result->dump_error.empty()) return 1;  // the evidence is lost: never exit 0 (logged above)

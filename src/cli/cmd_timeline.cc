@@ -24,8 +24,6 @@
 #include "sources/dump_source.h"
 #include "sources/input_format.h"
 #include "sources/kvm_device_map.h"
-#include "sources/kvm_input.h"
-#include "sources/kvm_pairing.h"
 
 namespace exitscope::cli {
 namespace {
@@ -140,6 +138,12 @@ int TimelineMain(int argc, char** argv) {
   tin.device_map = device_map;
   if (!device_map.empty() && (dump_path.empty() == trace_path.empty())) {
     return UsageError(kSelf, "--device-map: only with a trace alone (a dump names its own)");
+  }
+  Result<analysis::JointView> view = Fail(ErrorCode::kNotFound, "no joint view");
+  if (dump && !trace_path.empty()) {  // the joint view: the analysis, before the renderer
+    view = analysis::BuildJointViewFromTrace(*dump, dump_path, trace_path);
+    if (!view) return ReportError(kSelf, view.error());
+    tin.joint = &*view;
   }
   auto stats = report::WriteTimeline(tin, opts, out_path);
   if (!stats) return ReportError(kSelf, stats.error());

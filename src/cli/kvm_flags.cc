@@ -4,6 +4,7 @@
 
 #include "cli/parse_args.h"
 #include "fmt/format.h"
+#include "report/renderer.h"
 
 namespace exitscope::cli {
 
@@ -45,10 +46,10 @@ int KvmAnalysisFlags::Apply(const char* self, analysis::KvmAnalysisOptions* a,
                                   "p99, p999)",
                                   key));
   }
-  if (format != "table" && format != "json" && format != "csv" &&
-      !(html_format && format == "html")) {
-    return UsageError(self, fmt::format("--format: '{}' is not table, json, csv{}", format,
-                                        html_format ? " or html" : ""));
+  if (auto r =
+          report::FindRenderer(format, html_format ? report::Need::kFile : report::Need::kLive);
+      !r) {
+    return UsageError(self, r.error().message);
   }
   if (pvm_numbering == "upstream") {
     p->pvm = sources::PvmNumbering::kUpstream;

@@ -20,7 +20,7 @@ struct KvmAnalysisFlags {
   int64_t vcpu = -1, pid = -1;
   double duration_us = 0;
   bool percentiles = false, per_vcpu = false, per_vm = false, histogram = false;
-  bool html_format = false;  // --format html is accepted (kvm report)
+  bool html_format = false;  // every --format (report/renderer.h), not only the live ones
 
   // Registers the flags on `app`. The help of -p, --duration and --format differs between
   // report and live, so the caller gives it.

@@ -362,17 +362,15 @@ std::string RenderExitHealthHtml(const Dump& dump, const ExitHealthOptions& opti
   return html::RenderPage(p);
 }
 
-Result<std::string> RenderJointHtml(const Dump& dump, const JointRenderOptions& o,
-                                    const HtmlPlotOptions& plot) {
-  auto v = analysis::BuildJointViewFromTrace(dump, o.dump, o.trace);
-  if (!v) return Propagate(v);
+std::string RenderJointHtml(const Dump& dump, const analysis::JointView& view,
+                            const JointRenderOptions& o, const HtmlPlotOptions& plot) {
   ExitHealthOptions ho;
   ho.source = o.dump;
   HtmlExitCollector exits = DumpCollector(ho.filter);
   const analysis::ExitSummary s = analysis::Summarize(dump, ho.filter, &exits);
   html::Page p;
   p.title = fmt::format("exitscope joint view: {} + {}", o.dump, o.trace);
-  JointSections(p, *v, o, plot);
+  JointSections(p, view, o, plot);
   DumpSections(p, dump, ho, plot, s, exits);
   return html::RenderPage(p);
 }

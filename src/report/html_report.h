@@ -108,9 +108,9 @@ std::string RenderExitHealthHtml(const Dump& dump, const ExitHealthOptions& opti
                                  const HtmlPlotOptions& plot = {});
 
 // `inspect DUMP --kernel TRACE --format html`: the dump's exit-health page plus the joint
-// view's split as stacked bars and its tables. Errors as RenderJointViewOfFiles.
-Result<std::string> RenderJointHtml(const Dump& dump, const JointRenderOptions& o,
-                                    const HtmlPlotOptions& plot = {});
+// view's split as stacked bars and its tables.
+std::string RenderJointHtml(const Dump& dump, const analysis::JointView& view,
+                            const JointRenderOptions& o, const HtmlPlotOptions& plot = {});
 
 // `kvm report --format html`: `exits` is the collector the pairer's events were teed into
 // beside the aggregator; `slow_rule` says in words what made an exit slow there.

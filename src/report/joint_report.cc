@@ -147,13 +147,6 @@ nlohmann::json UnmatchedJson(const std::vector<JointUnmatched>& u) {
 
 }  // namespace
 
-Result<std::string> RenderJointViewOfFiles(const Dump& dump, const JointRenderOptions& o,
-                                           bool json) {
-  auto v = analysis::BuildJointViewFromTrace(dump, o.dump, o.trace);
-  if (!v) return Propagate(v);
-  return json ? RenderJointJson(*v, o) : RenderJointTable(*v, o);
-}
-
 std::string RenderJointTable(const JointView& v, const JointRenderOptions& o) {
   std::string out;
   out += fmt::format("Joint view: {} (VMM) + {} (kernel, {})\n", o.dump, o.trace,

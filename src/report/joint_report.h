@@ -21,12 +21,6 @@ struct JointRenderOptions {
   size_t max_exits = 0;
 };
 
-// Reads the trace, builds the joint view (analysis::BuildJointViewFromTrace) and renders it:
-// what `exitscope inspect DUMP --kernel TRACE` and `exitscope kvm report -i TRACE --dump
-// DUMP` both print. Errors name both files.
-Result<std::string> RenderJointViewOfFiles(const Dump& dump, const JointRenderOptions& o,
-                                           bool json);
-
 std::string RenderJointTable(const analysis::JointView& v, const JointRenderOptions& o);
 std::string RenderJointJson(const analysis::JointView& v, const JointRenderOptions& o);
 

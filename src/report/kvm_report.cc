@@ -227,8 +227,15 @@ nlohmann::json GroupJson(const KvmGroup& g, const KvmRenderOptions& opts) {
   return j;
 }
 
-void AppendCsvGroup(std::string& out, std::string_view scope, const KvmGroup& g,
-                    const KvmRenderOptions& opts) {
+}  // namespace
+
+std::string_view CsvHeader() {
+  return "scope,vm,vcpu,key,name,samples,samples_pct,time_ns,time_pct,min_ns,max_ns,mean_ns,"
+         "stderr_pct,p50_ns,p99_ns,p999_ns\n";
+}
+
+void AppendCsvRows(std::string& out, std::string_view scope, const analysis::ExitTable& g,
+                   analysis::RowOrder order) {
   const auto quote = [](std::string_view s) {
     if (s.find_first_of(",\"\n") == std::string_view::npos) return std::string(s);
     std::string q = "\"";
@@ -238,7 +245,7 @@ void AppendCsvGroup(std::string& out, std::string_view scope, const KvmGroup& g,
     }
     return q + "\"";
   };
-  for (const KvmRow* r : analysis::SortedRows(g, opts.sort)) {
+  for (const KvmRow* r : analysis::SortedRows(g, order)) {
     const auto& s = r->stats;
     out += fmt::format("{},{},{},{},{},{},{:.4f},{},{:.4f},{},{},{:.1f},{:.4f},{},{},{}\n", scope,
                        g.vm >= 0 ? fmt::format("{}", g.vm) : "",
@@ -248,8 +255,6 @@ void AppendCsvGroup(std::string& out, std::string_view scope, const KvmGroup& g,
                        s.Quantile(0.99), s.Quantile(0.999));
   }
 }
-
-}  // namespace
 
 std::string RenderKvmHistogram(const KvmRow& row, int bar_width) {
   const LatencyHistogram& h = row.stats.histogram();
@@ -390,15 +395,13 @@ std::string RenderKvmJson(const KvmAnalysis& a, const KvmReportContext& ctx,
 std::string RenderKvmCsv(const KvmAnalysis& a, const KvmReportContext& ctx,
                          const KvmRenderOptions& opts) {
   (void)ctx;
-  std::string out =
-      "scope,vm,vcpu,key,name,samples,samples_pct,time_ns,time_pct,min_ns,max_ns,mean_ns,"
-      "stderr_pct,p50_ns,p99_ns,p999_ns\n";
-  AppendCsvGroup(out, "all", a.all, opts);
+  std::string out(CsvHeader());
+  AppendCsvRows(out, "all", a.all, opts.sort);
   if (opts.per_vm) {
-    for (const auto& g : a.per_vm) AppendCsvGroup(out, "vm", *g, opts);
+    for (const auto& g : a.per_vm) AppendCsvRows(out, "vm", *g, opts.sort);
   }
   if (opts.per_vcpu) {
-    for (const auto& g : a.per_vcpu) AppendCsvGroup(out, "vcpu", *g, opts);
+    for (const auto& g : a.per_vcpu) AppendCsvRows(out, "vcpu", *g, opts.sort);
   }
   return out;
 }

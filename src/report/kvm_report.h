@@ -55,6 +55,12 @@ std::string RenderKvmJson(const analysis::KvmAnalysis& a, const KvmReportContext
 std::string RenderKvmCsv(const analysis::KvmAnalysis& a, const KvmReportContext& ctx,
                          const KvmRenderOptions& opts);
 
+// The CSV of rows, shared by every report (docs/json.md "CSV"): the header line, and one
+// line per row of `table` in `order`, its first column `scope` ("all", "vm", "kind", ...).
+std::string_view CsvHeader();
+void AppendCsvRows(std::string& out, std::string_view scope, const analysis::ExitTable& table,
+                   analysis::RowOrder order);
+
 // The log-scale histogram of one row: one line per power-of-two latency bin from the row's
 // min to its max, with a bar scaled to the fullest bin.
 std::string RenderKvmHistogram(const analysis::KvmRow& row, int bar_width = 40);

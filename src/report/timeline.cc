@@ -19,6 +19,7 @@
 #include "sources/kvm_device_map.h"
 #include "sources/kvm_input.h"
 #include "sources/kvm_pairing.h"
+#include "sources/source.h"
 
 namespace exitscope::report {
 namespace {
@@ -657,59 +658,63 @@ Result<TimelineStats> WriteTimeline(const TimelineInputs& in, TimelineOptions o,
     return w.stats();
   }
 
-  sources::KvmInputOptions iopts;
-  Result<analysis::JointView> view = Fail(ErrorCode::kNotFound, "no joint view");
+  sources::SourceOptions sopts;
   std::unique_ptr<sources::KvmDeviceMap> devices;
   if (dump != nullptr) {
-    view = analysis::BuildJointViewFromTrace(*dump, in.dump_path, in.trace_path);
-    if (!view) return Propagate(view);
+    if (in.joint == nullptr) {
+      return Fail(ErrorCode::kInvalidArgument, "a dump and a trace: the joint view is missing");
+    }
     auto d = sources::KvmDeviceMap::LoadDump(in.dump_path);
     if (!d) return Propagate(d);
     devices = std::move(*d);
-    iopts.tsc_khz = dump->clock.tsc_hz ? (dump->clock.tsc_hz + 500) / 1000 : 1;
+    // The dump's TSC frequency, and times kept in ticks: JointKernelSink converts them.
+    sopts.input.tsc_khz = dump->clock.tsc_hz ? (dump->clock.tsc_hz + 500) / 1000 : 1;
+    sopts.raw_clock = true;
   } else if (!in.device_map.empty()) {
     auto d = sources::KvmDeviceMap::Load(in.device_map);
     if (!d) return Propagate(d);
     devices = std::move(*d);
   }
-  auto opened = sources::KvmInput::Open(in.trace_path, iopts);
+  sopts.pairer.devices = devices.get();
+  struct First {
+    TimelineWriter* w = nullptr;
+    sources::ClockScale scale;
+    bool seen = false;
+  } first;
+  if (dump == nullptr) {  // a trace alone: ts 0 is its first record
+    sopts.record_observer = [](const sources::KvmRecord& r, void* ctx) {
+      auto* f = static_cast<First*>(ctx);
+      if (f->seen) return;
+      f->seen = true;
+      f->w->SetBase(f->scale.ToNs(r.ts));
+    };
+    sopts.observer_ctx = &first;
+  }
+  auto opened = sources::OpenKernelTrace(in.trace_path, sopts);
   if (!opened) return Propagate(opened);
-  sources::KvmInput& trace = **opened;
+  sources::Source& trace = **opened;
   o.other_data.push_back({"trace", in.trace_path});
-  o.other_data.push_back({"trace_format", trace.format_name()});
-  o.other_data.push_back({"trace_clock", trace.clock()});
+  o.other_data.push_back({"trace_format", trace.info().format});
+  o.other_data.push_back({"trace_clock", trace.info().clock});
 
   auto out = Create(out_path);
   if (!out) return Propagate(out);
   TimelineWriter w((*out)->f, o);
-  if (dump == nullptr) {  // a trace alone: ts 0 is its first record
-    struct First {
-      TimelineWriter* w;
-      sources::ClockScale scale;
-      bool seen = false;
-    } first{&w, trace.scale()};
-    sources::KvmPairer pairer({.clock = trace.scale(), .devices = devices.get()}, w.kernel_sink());
-    pairer.SetRecordObserver(
-        [](const sources::KvmRecord& r, void* ctx) {
-          auto* f = static_cast<First*>(ctx);
-          if (f->seen) return;
-          f->seen = true;
-          f->w->SetBase(f->scale.ToNs(r.ts));
-        },
-        &first);
-    Status s = Named(trace.ReadAll(&pairer), in.trace_path);
+  if (dump == nullptr) {
+    first.w = &w;
+    first.scale = trace.info().scale;
+    Status s = Named(trace.Run(w.kernel_sink()), in.trace_path);
     if (s) s = Named(w.Finish(0), out_path);
     if (s = (*out)->Close(std::move(s)); !s) return Propagate(s);
     return w.stats();
   }
 
   // The joint view: the trace's exits in the dump's ns on the dump's vCPU tracks.
-  w.SetJointView(&*view);
+  w.SetJointView(in.joint);
   w.NameVm(o.vm, VmName(*dump));
   SetQuotas(*dump, o.max_exits, &w);
-  JointKernelSink ksink(Clock::FromCalibration(dump->clock), *view, o.vm, &w);
-  sources::KvmPairer pairer({.devices = devices.get()}, &ksink);  // identity clock: ticks
-  Status s = Named(trace.ReadAll(&pairer), in.trace_path);
+  JointKernelSink ksink(Clock::FromCalibration(dump->clock), *in.joint, o.vm, &w);
+  Status s = Named(trace.Run(&ksink), in.trace_path);
   if (s) {
     w.SetBase(std::min(FirstTime(*dump), ksink.first()));
     sources::DumpSource src(*dump);

@@ -192,6 +192,8 @@ struct TimelineInputs {
   // A trace alone: names ports and MMIO addresses by this device map (a dump or a text map,
   // sources::KvmDeviceMap::Load); "": addresses only.
   std::string device_map;
+  // A dump and a trace: their joint view (analysis::BuildJointViewFromTrace), required.
+  const analysis::JointView* joint = nullptr;
 };
 
 // Reads the inputs, then writes the timeline to `out_path` ("-": stdout), created only once

@@ -54,6 +54,7 @@ ExitEvent DumpSource::ToEvent(const DumpExit& d, bool in_progress) {
   e.size = d.size;
   e.dir = d.dir;
   e.userspace = true;
+  e.side = Side::kVmm;
   if (d.kind == ExitKind::kMmio || d.kind == ExitKind::kPio) {
     e.device = Intern(dump_.DeviceName(d.device));
     e.reg = Intern(dump_.RegisterName(d));

@@ -1,10 +1,10 @@
 // sources/event.h: the one event model every source produces and every analysis consumes.
 //
-// A source (recorder dump, tracefs raw buffers, trace-cmd .dat, ftrace / perf-script text)
-// calls an EventSink once per event. Events are passed by const reference and live only for
-// the call: sinks copy what they keep. String fields are views into storage the source owns
-// and keeps alive until the source is destroyed (interned names), so no event costs a heap
-// allocation. Timestamps are nanoseconds on the capture's clock, named by Capture::clock.
+// A source (source.h: recorder dump, tracefs raw buffers, trace-cmd .dat, ftrace / perf-script
+// text, the eBPF maps) calls one EventSink once per event. Events are passed by const reference and
+// live only for the call: sinks copy what they keep. String fields are views into storage the
+// source owns and keeps alive until the source is destroyed (interned names), so no event costs a
+// heap allocation. Timestamps are nanoseconds on the capture's clock, named by Capture::clock.
 //
 // The enums that describe an access, a device event and a finding are the public ones of the
 // recorder (exitscope/exit_record.h AccessDir, exitscope/device_events.h DeviceEventType,
@@ -15,8 +15,10 @@
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
+#include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "exitscope/device_events.h"
@@ -42,6 +44,10 @@ enum class ExitEnd : uint8_t {
   kNotTraced,  // the trace carries no end record for it (kvm_exit without any kvm_entry, or
                // an access handled in the kernel whose exit no record shows)
 };
+
+// Which side saw an event: the kernel (a KVM trace, live tracefs, the eBPF maps) or the VMM
+// (a recorder dump or snapshot). Device events and findings are always the VMM's.
+enum class Side : uint8_t { kKernel = 0, kVmm = 1 };
 
 // One exit, paired: from leaving the guest to re-entering it.
 struct ExitEvent {
@@ -80,9 +86,20 @@ struct ExitEvent {
   bool kernel_access = false;
   // Set by recorder dumps; kUnknown / 0 elsewhere.
   ExitKind kind = ExitKind::kUnknown;  // the recorder's kind (reason is ToString(kind))
-  uint8_t flags = 0;  // the recorder's ExitFlags: kExitFlagValue (value is guest data),
-                      // kExitFlagSlow (reached the slow-exit threshold), kExitFlagStalled
-                      // (the watchdog saw it stuck), kExitFlagNoEnd
+  uint8_t flags = 0;          // the recorder's ExitFlags: kExitFlagValue (value is guest data),
+                              // kExitFlagSlow (reached the slow-exit threshold), kExitFlagStalled
+                              // (the watchdog saw it stuck), kExitFlagNoEnd
+  Side side = Side::kKernel;  // kVmm from a recorder dump (sources::DumpSource)
+};
+
+// Many samples of one exit key, aggregated before they reached userspace (the eBPF maps of
+// `kvm stat --bpf`): a histogram in the LatencyHistogram's buckets plus exact moments.
+struct SampleBatch {
+  std::span<const std::pair<uint32_t, uint64_t>> buckets;  // (bucket, count)
+  uint64_t timed = 0;  // as the source counted them (the row counts what the buckets hold)
+  uint64_t sum = 0, min = 0, max = 0;
+  long double sum_squares = 0;
+  uint64_t untimed = 0;
 };
 
 // A device-side event: an I/O submitted or completed (matched by io_id), a full queue, a
@@ -117,6 +134,9 @@ class EventSink {
   virtual void OnExit(const ExitEvent& e) = 0;
   virtual void OnDeviceEvent(const DeviceEvent&) {}
   virtual void OnFinding(const Finding&) {}
+  // Samples of one exit key aggregated at the source (an eBPF map entry): `e` is the exit
+  // they all are (duration_ns and end unused). A sink that keeps single exits ignores them.
+  virtual void OnSamples(const ExitEvent&, const SampleBatch&) {}
 };
 
 // Hands every event to each of its sinks, in order (the sinks are not owned).
@@ -131,6 +151,9 @@ class TeeSink final : public EventSink {
   }
   void OnFinding(const Finding& f) override {
     for (EventSink* s : sinks_) s->OnFinding(f);
+  }
+  void OnSamples(const ExitEvent& e, const SampleBatch& b) override {
+    for (EventSink* s : sinks_) s->OnSamples(e, b);
   }
 
  private:

@@ -94,7 +94,9 @@ TEST(HtmlReport, HtmlNeedsAnOutputFile) {
   EXPECT_NE(o.out.find("-o FILE"), std::string::npos) << o.out;
   o = RunExitscope("kvm report -i " + Data("joint-blk.dat") + " --format svg");
   EXPECT_EQ(o.status, 2) << o.out;
-  EXPECT_NE(o.out.find("is not table, json, csv or html"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("--format 'svg': not one of table, json, csv, html, timeline"),
+            std::string::npos)
+      << o.out;
 }
 
 TEST(HtmlReport, UnwritableOutputIsOneLineAndStatus1) {

@@ -112,7 +112,7 @@ TEST(JointCli, MissingFilesAndBadFlagsAreRefused) {
   EXPECT_NE(o.status, 0) << o.out;
   EXPECT_EQ(o.status, RunExitscope("inspect /nonexistent/x.esdump").status);
   EXPECT_NE(o.out.find("--dump"), std::string::npos) << o.out;
-  o = RunExitscope("kvm report -i " + kTrace + " --dump " + kDump + " --format csv");
+  o = RunExitscope("kvm report -i " + kTrace + " --dump " + kDump + " --format svg");
   EXPECT_EQ(o.status, 2) << o.out;
   o = RunExitscope("inspect " + kDump + " --kernel " + kTrace + " --vcpu 0");
   EXPECT_EQ(o.status, 2) << o.out;

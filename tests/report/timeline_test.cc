@@ -300,7 +300,9 @@ TEST(Timeline, JointViewNestsEachExitsSplit) {
     ASSERT_TRUE(view) << view.error().message;
     ASSERT_EQ(view->sched_recorded, jc.sched);
     const std::string out = TempPath("joint");
-    auto st = WriteTimeline(In(&*dump, dpath, tpath), {}, out);
+    TimelineInputs in = In(&*dump, dpath, tpath);
+    in.joint = &*view;
+    auto st = WriteTimeline(in, {}, out);
     ASSERT_TRUE(st) << st.error().message;
     const json doc = ReadJson(out);
     ExpectProperlyNested(doc);

@@ -37,7 +37,7 @@ TEST(RunCli, UsageErrorsExit2WithOneLineNamingTheFlag) {
       {"--inject delay:nvme0:abc", "not a number"},
       {"--vcpus 0", "--vcpus"},
       {"--vcpus 17", "--vcpus"},
-      {"--format xml", "--format xml"},
+      {"--format xml", "--format 'xml': not one of table, json, csv, html, timeline"},
       {"--guest no-such-guest", "no-such-guest"},
       {"--slow 0", "--slow"},
       {"--no-such-flag", "no-such-flag"},

@@ -1,0 +1,127 @@
+// cli/report_pipeline.cc: the kvm analysis and the joint view of any source, rendered by the
+// --format renderer.
+#include "cli/report_pipeline.h"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <vector>
+
+#include "analysis/joint_view.h"
+#include "cli/parse_args.h"
+#include "report/html_report.h"
+
+namespace exitscope::cli {
+namespace {
+
+constexpr size_t kMaxSlowExitsKept = 100000;  // JSON keeps the first ones; all are counted
+
+}  // namespace
+
+const report::Renderer* PickRenderer(const char* self, const std::string& format, report::Need need,
+                                     const std::string& output, int* status) {
+  auto r = report::FindRenderer(format, need);
+  if (!r) {
+    *status = UsageError(self, r.error().message);
+    return nullptr;
+  }
+  if ((*r)->file && output.empty()) {
+    *status =
+        UsageError(self, fmt::format("--format {}: give the {} with -o FILE (-o - for stdout)",
+                                     format, format == "html" ? "page's file" : "file"));
+    return nullptr;
+  }
+  return *r;
+}
+
+int RenderKvmReport(KvmReportRun& run, sources::Source& src) {
+  const std::string_view format = run.renderer->name;
+  analysis::KvmAnalysisOptions aopts = run.analysis;
+  std::vector<report::KvmSlowExit> slow;
+  if (aopts.slow_ns != 0) {
+    aopts.on_slow = [&](const ExitEvent& e, std::string_view k) {
+      if (format == "table") {
+        std::printf("%s\n", report::FormatKvmSlowExit(e, k).c_str());
+      } else if (format == "csv") {
+        std::fprintf(stderr, "%s\n", report::FormatKvmSlowExit(e, k).c_str());
+      } else if (format == "json" && slow.size() < kMaxSlowExitsKept) {
+        slow.push_back({e.start_ns, e.duration_ns, e.vm, e.vcpu, e.tid, std::string(e.reason),
+                        std::string(k), std::string(e.device), std::string(e.reg)});
+      }  // html: marked in the page's timeline (the collector's threshold)
+    };
+  }
+  const uint64_t slow_ns = aopts.slow_ns;
+  analysis::KvmAggregator agg(std::move(aopts));
+  // --format html: the page's timeline and rate plots draw the exits the aggregator counts.
+  report::HtmlExitCollector exits(
+      [slow_ns](const ExitEvent& e) { return slow_ns != 0 && e.duration_ns >= slow_ns; },
+      [&agg](const ExitEvent& e) { return agg.Counts(e); }, /*group_targets=*/true);
+  TeeSink tee({&agg, &exits});
+  const bool html = format == "html";
+  if (format == "timeline") {
+    // The timeline draws every exit of the source as it is replayed: no aggregation needed.
+    report::ReportModel m;
+    const sources::SourceInfo& info = src.info();
+    if (const Dump* d = src.dump()) {
+      m.timeline.dump = d;
+      m.timeline.dump_path = info.name;
+    } else {
+      m.timeline.trace_path = info.name;
+      m.timeline.device_map = run.device_map;
+    }
+    m.timeline_options = run.timeline;
+    if (Status s = report::WriteReport(*run.renderer, m, run.output); !s)
+      return ReportError(run.self, s.error());
+    return 0;
+  }
+  if (Status s = src.Run(html ? static_cast<EventSink*>(&tee) : &agg); !s)
+    return ReportError(run.self, s.error());
+  agg.Finish();
+  exits.Finish();
+
+  const sources::SourceInfo& info = src.info();
+  report::KvmModel k;
+  k.analysis = &agg.analysis();
+  k.context.input = info.name;
+  k.context.format = info.format;
+  k.context.clock = info.clock;
+  k.context.tsc_khz = info.tsc_khz;
+  k.context.tsc_khz_from_host = info.tsc_khz_from_host;
+  k.context.lost_at_record = info.lost_at_record;
+  sources::KvmPairingStats none;
+  k.context.pairing = src.pairing() != nullptr ? src.pairing() : &none;
+  k.context.pid = run.pid;
+  k.context.vcpu = run.vcpu;
+  k.context.slow_exits = &slow;
+  k.render = run.render;
+  k.exits = &exits;
+  k.slow_rule = slow_ns != 0
+                    ? fmt::format("at least --duration {} us", static_cast<double>(slow_ns) / 1e3)
+                    : "none marked: --duration USEC marks the exits at least that long";
+  report::ReportModel m{.kvm = &k};
+  std::fflush(stdout);  // the slow-exit lines printed while reading come before the report
+  if (Status s = report::WriteReport(*run.renderer, m, run.output); !s)
+    return ReportError(run.self, s.error());
+  return 0;
+}
+
+int RenderJointReport(const char* self, const report::Renderer& r, const Dump& dump,
+                      const std::string& dump_path, const std::string& trace_path, size_t rows,
+                      const std::string& output) {
+  auto view = analysis::BuildJointViewFromTrace(dump, dump_path, trace_path);
+  if (!view) return ReportError(self, view.error());
+  report::JointModel j;
+  j.dump = &dump;
+  j.view = &*view;
+  j.options.dump = dump_path;
+  j.options.trace = trace_path;
+  j.options.rows = rows;
+  report::ReportModel m{.joint = &j};
+  m.timeline.dump = &dump;
+  m.timeline.dump_path = dump_path;
+  m.timeline.trace_path = trace_path;
+  if (Status s = report::WriteReport(r, m, output); !s) return ReportError(self, s.error());
+  return 0;
+}
+
+}  // namespace exitscope::cli

@@ -1,6 +1,6 @@
 // recorder/dump_format.h: the dump file's layout constants, section ids and CRC32, shared by
-// the writer (dump_writer.cc) and the reader (dump_reader.cc). Not public API; the format is
-// docs/dump-format.md.
+// the writer (dump_writer.cc) and the reader (dump_reader.cc, dump_reader_sections.cc). Not
+// public API; the format is docs/dump-format.md.
 #pragma once
 
 #include <array>

@@ -3,7 +3,7 @@
 // each record names its access as one of the vCPU's last 8 distinct ones, or codes it against
 // the last one, and its start against the previous record's: a tag byte and two small
 // numbers, instead of 60 bytes. Shared by the writer (dump_writer.cc, dump_stream.cc) and the
-// reader (dump_reader.cc). Not public API.
+// reader (dump_reader_sections.cc). Not public API.
 //
 // The access of an exit: addr, device, reg, reg_element, reg_delta, map, kind, size,
 // direction, flags (everything but start, duration, value and vCPU). Each vCPU keeps a history

@@ -36,8 +36,6 @@
 namespace exitscope::cli {
 namespace {
 
-constexpr size_t kMaxSlowExitsKept = 100000;  // JSON keeps the first ones; all are counted
-
 void KvmUsage(FILE* out) {
   std::fprintf(out,
                "usage: exitscope kvm <report|record|live|stat> [options]\n\n"
@@ -142,18 +140,14 @@ int ReportMain(int argc, char** argv) {
   if (!in) return ReportError(self, in.error());
   popts.clock = (*in)->scale();
 
-  std::vector<report::KvmSlowExit> slow;
   if (aopts.slow_ns != 0) {
+    // A line per slow exit as it is read; json lists the analysis's (KvmAnalysis::slow), html
+    // marks them in the page's timeline.
     aopts.on_slow = [&](const ExitEvent& e, std::string_view k) {
       if (format == "table") {
         std::printf("%s\n", report::FormatKvmSlowExit(e, k).c_str());
       } else if (format == "csv") {
         std::fprintf(stderr, "%s\n", report::FormatKvmSlowExit(e, k).c_str());
-      } else if (format == "html") {
-        // marked in the page's timeline (the collector's threshold)
-      } else if (slow.size() < kMaxSlowExitsKept) {
-        slow.push_back({e.start_ns, e.duration_ns, e.vm, e.vcpu, e.tid, std::string(e.reason),
-                        std::string(k), std::string(e.device), std::string(e.reg)});
       }
     };
   }
@@ -161,8 +155,8 @@ int ReportMain(int argc, char** argv) {
   const uint64_t slow_ns = aopts.slow_ns;
   analysis::KvmAggregator agg(std::move(aopts));
   report::HtmlExitCollector exits(
-      [slow_ns](const ExitEvent& e) { return slow_ns != 0 && e.duration_ns >= slow_ns; },
-      [&agg](const ExitEvent& e) { return agg.Counts(e); }, /*group_targets=*/true);
+      agg.slow_rule(), [&agg](const ExitEvent& e) { return agg.Counts(e); },
+      /*group_targets=*/true);
   TeeSink tee({&agg, &exits});
   sources::KvmPairer pairer(popts, format == "html" ? static_cast<EventSink*>(&tee) : &agg);
   if (Status s = (*in)->ReadAll(&pairer); !s) return ReportError(self, s.error());
@@ -179,7 +173,7 @@ int ReportMain(int argc, char** argv) {
   ctx.pairing = &pairer.stats();
   ctx.pid = flags.pid;
   ctx.vcpu = flags.vcpu;
-  ctx.slow_exits = &slow;
+  ctx.list_slow_exits = true;
   std::string out;
   if (format == "html")
     out = report::RenderKvmHtml(

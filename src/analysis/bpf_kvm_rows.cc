@@ -227,10 +227,8 @@ BpfKvmRows BuildBpfKvmRows(const BpfKvmSnapshot& snap, const BpfKvmRowOptions& o
       if (options.final) agg.OnExit(e);  // counted as filtered
       continue;
     }
-    analysis::KvmOpenExit open{
-        e.start_ns,        e.vm, e.vcpu, e.tid, std::string(e.reason), key, std::string(e.device),
-        std::string(e.reg)};
-    out.in_flight.push_back({open, snap.now_ns > t.exit_ts ? snap.now_ns - t.exit_ts : 0});
+    out.in_flight.push_back(
+        {KeptExit(e, std::move(key)), snap.now_ns > t.exit_ts ? snap.now_ns - t.exit_ts : 0});
     if (options.final) {
       ++p.exits;
       ++p.open_at_end;

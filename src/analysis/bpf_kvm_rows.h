@@ -35,9 +35,10 @@ struct BpfKvmRowOptions {
   bool final = false;  // the maps no longer change: exits in flight are open at end
 };
 
-// An exit in flight when the snapshot was taken: how long it has been inside so far.
+// An exit in flight when the snapshot was taken (end == kOpenAtEnd, key set): how long it has
+// been inside so far.
 struct BpfKvmInFlight {
-  KvmOpenExit exit;
+  KeptExit exit;
   uint64_t inside_ns = 0;
 };
 

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <map>
 
-#include "recorder/describe.h"
 #include "sources/dump_source.h"
 
 namespace exitscope::analysis {
@@ -26,23 +25,7 @@ bool ExitSummaryBuilder::PassesDevice(std::string_view device) const {
 void ExitSummaryBuilder::OnExit(const ExitEvent& e) {
   if (filter_.vcpu && e.vcpu != *filter_.vcpu) return;
   if (!PassesDevice(e.device)) return;
-  const bool notable = e.end == ExitEnd::kOpenAtEnd ||
-                       (e.end == ExitEnd::kSeen && (e.flags & (kExitFlagSlow | kExitFlagStalled)));
-  if (notable) {
-    NotableExit n;
-    n.start_ns = e.start_ns;
-    n.duration_ns = e.duration_ns;
-    n.vcpu = e.vcpu;
-    n.kind = e.kind;
-    n.dir = e.dir;
-    n.size = e.size;
-    n.addr = e.subkey;
-    n.flags = e.flags;
-    n.target = TargetName(e);
-    n.description = internal::DescribeExit(e.kind, e.dir, e.size, e.subkey, e.device, e.reg);
-    n.in_progress = e.end == ExitEnd::kOpenAtEnd;
-    s_.slow.push_back(std::move(n));
-  }
+  if (e.end == ExitEnd::kOpenAtEnd || kDumpSlowRule.IsSlow(e)) s_.slow.emplace_back(e);
   if (e.end != ExitEnd::kSeen) return;  // in no table: its time is not known
   ++s_.exits;
   AddSat(s_.total_ns, e.duration_ns);
@@ -72,21 +55,12 @@ void ExitSummaryBuilder::OnFinding(const Finding& f) {
   const bool exit_finding = f.type != FindingType::kAgedIo;
   if (exit_finding && filter_.vcpu && f.vcpu != *filter_.vcpu) return;
   if (!PassesDevice(f.device)) return;
-  FindingWithContext fc;
-  fc.time_ns = f.time_ns;
-  fc.type = f.type;
-  fc.vcpu = f.vcpu;
-  fc.duration_ns = f.duration_ns;
-  fc.device_name = std::string(f.device);
-  fc.io_id = f.io_id;
-  fc.text = std::string(f.text);
-  s_.findings.push_back(std::move(fc));
+  s_.findings.emplace_back(f);
 }
 
 ExitSummary ExitSummaryBuilder::Finish() {
-  std::stable_sort(s_.slow.begin(), s_.slow.end(), [](const NotableExit& a, const NotableExit& b) {
-    return a.start_ns < b.start_ns;
-  });
+  std::stable_sort(s_.slow.begin(), s_.slow.end(),
+                   [](const KeptExit& a, const KeptExit& b) { return a.start_ns < b.start_ns; });
   SortInPlace(s_.by_kind, RowOrder::kTime);
   SortInPlace(s_.by_device, RowOrder::kTime);
   SortInPlace(s_.by_register, RowOrder::kTime);
@@ -101,7 +75,7 @@ ExitSummary ExitSummaryBuilder::Finish() {
                    [](const auto& a, const auto& b) { return a.time_ns < b.time_ns; });
   std::map<std::pair<std::string, uint64_t>, uint64_t> open;  // (device, io) -> submit time
   size_t next = 0;
-  for (FindingWithContext& f : s_.findings) {
+  for (KeptFinding& f : s_.findings) {
     for (; next < ios_.size() && ios_[next].time_ns <= f.time_ns; ++next) {
       const Io& io = ios_[next];
       if (io.submit) {

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "analysis/exit_table.h"
+#include "analysis/kept_event.h"
 #include "base/histogram.h"
 #include "exitscope/dump.h"
 #include "sources/event.h"
@@ -36,41 +37,6 @@ struct SummaryFilter {
   std::optional<uint32_t> vcpu;       // only this vCPU
   std::optional<std::string> device;  // only exits on this device ("unassigned" allowed: every
                                       // exit with no device, HLT and the like included)
-};
-
-// An exit worth a line of its own (slow, stalled, or still in progress at snapshot time).
-struct NotableExit {
-  uint64_t start_ns = 0;
-  uint64_t duration_ns = 0;  // so far, when in_progress
-  uint32_t vcpu = 0;
-  ExitKind kind = ExitKind::kUnknown;
-  AccessDir dir = AccessDir::kNone;
-  uint8_t size = 0;
-  uint64_t addr = 0;
-  uint8_t flags = 0;        // ExitFlags
-  std::string target;       // TargetName: "nvme0.SQ1TDBL"
-  std::string description;  // "exit MMIO write 4B to nvme0.SQ1TDBL (0xfebf1008)"
-  bool in_progress = false;
-};
-
-struct InflightIo {
-  std::string device_name;
-  uint64_t io_id = 0;
-  uint64_t submitted_ns = 0;
-  uint64_t age_ns = 0;  // at the moment of the finding
-};
-
-// A finding (event.h Finding, with its strings owned) and the I/Os in flight at its time.
-struct FindingWithContext {
-  uint64_t time_ns = 0;
-  FindingType type = FindingType::kStuckExitBegin;
-  uint32_t vcpu = 0;
-  uint64_t duration_ns = 0;
-  std::string device_name;
-  uint64_t io_id = 0;
-  std::string text;
-  std::vector<InflightIo> in_flight;  // I/Os submitted and not completed at finding time,
-                                      // as far as the device events still show them
 };
 
 // Losses: nothing is dropped silently.
@@ -100,17 +66,24 @@ struct ExitSummary {
   ExitTable by_device;
   ExitTable by_register;
   ExitTable by_vcpu;
-  std::vector<NotableExit> slow;  // slow or stalled exits, then in-progress ones; time order
-  std::vector<FindingWithContext> findings;  // time order
+  // Slow or stalled exits (SlowRule with recorder_flags) and exits in progress at snapshot
+  // time (end == kOpenAtEnd, duration_ns so far); time order.
+  std::vector<KeptExit> slow;
+  std::vector<KeptFinding> findings;  // time order, each with the I/Os in flight
   // Per-vCPU named counters from the embedder (e.g. KVM binary stats "kvm.exits"), summed
   // over the vCPUs that pass the filter.
   std::vector<std::pair<std::string, uint64_t>> vcpu_counters;
   LossCounters losses;
 };
 
+// The slow exits of a dump: those the recorder marked slow (at its threshold) or the watchdog
+// saw stuck (ExitEvent::flags).
+inline constexpr SlowRule kDumpSlowRule{.recorder_flags = true};
+
 // The summary of one event stream: every exit (ExitEnd::kSeen) into the tables; slow or
-// stalled exits (ExitEvent::flags) and exits open at end into `slow`; findings with the
-// I/Os in flight, replayed from the I/O submit / complete device events.
+// stalled exits (kDumpSlowRule) and exits open at end into
+// `slow`; findings with the I/Os in flight, replayed from the I/O submit / complete device
+// events.
 class ExitSummaryBuilder final : public EventSink {
  public:
   explicit ExitSummaryBuilder(SummaryFilter filter);

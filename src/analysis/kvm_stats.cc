@@ -52,7 +52,8 @@ bool ParseKvmSortKey(std::string_view s, KvmSortKey* out) noexcept {
   return false;
 }
 
-KvmAggregator::KvmAggregator(KvmAnalysisOptions options) : options_(std::move(options)) {
+KvmAggregator::KvmAggregator(KvmAnalysisOptions options)
+    : options_(std::move(options)), slow_rule_{.threshold_ns = options_.slow_ns} {
   analysis_.event = options_.event;
   all_ = std::make_unique<ExitGrouper>(&analysis_.all);
 }
@@ -209,21 +210,20 @@ void KvmAggregator::OnExit(const ExitEvent& e) {
   if (e.end == ExitEnd::kOpenAtEnd) {
     ++analysis_.open_at_end;
     if (analysis_.open_exits.size() < KvmAnalysis::kMaxOpenExitsKept) {
-      analysis_.open_exits.push_back({e.start_ns, e.vm, e.vcpu, e.tid, std::string(e.reason),
-                                      KeyText(key), std::string(e.device), std::string(e.reg)});
+      analysis_.open_exits.emplace_back(e, KeyText(key));
     }
     return;
   }
   Add(*all_, key, e);
   if (options_.per_vm) Add(VmGroup(e.vm), key, e);
   if (options_.per_vcpu) Add(VcpuGroup(e.vm, e.vcpu), key, e);
-  if (options_.slow_ns != 0 && e.end == ExitEnd::kSeen && e.duration_ns >= options_.slow_ns) {
+  if (slow_rule_.IsSlow(e)) {
     ++analysis_.slow_exits;
-    if (options_.on_slow) {
-      const ExitRow* row = all_->Find(key);  // keys compare by content
-      const std::string_view text = row != nullptr ? row->key : std::string_view{};
-      options_.on_slow(e, text);
-    }
+    const ExitRow* row = all_->Find(key);  // keys compare by content
+    const std::string_view text = row != nullptr ? row->key : std::string_view{};
+    if (analysis_.slow.size() < KvmAnalysis::kMaxSlowExitsKept)
+      analysis_.slow.emplace_back(e, std::string(text));
+    if (options_.on_slow) options_.on_slow(e, text);
   }
 }
 

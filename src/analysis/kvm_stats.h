@@ -25,6 +25,11 @@
 //    counted in `untimed`;
 //  - an exit open at end of trace is in no row: it is listed in KvmAnalysis::open_exits.
 // Samples = timed + untimed; Time% and the time columns cover timed samples only.
+//
+// Slow exits (at least KvmAnalysisOptions::slow_ns long, as perf's --duration: the SlowRule
+// of kept_event.h) are counted in KvmAnalysis::slow_exits and the first kMaxSlowExitsKept of
+// them listed in KvmAnalysis::slow, each with its row's key; on_slow, when set, is told of
+// each as it is counted (to print a line as it happens).
 #pragma once
 
 #include <cstdint>
@@ -37,6 +42,7 @@
 #include <vector>
 
 #include "analysis/exit_table.h"
+#include "analysis/kept_event.h"
 #include "base/histogram.h"
 #include "sources/event.h"
 
@@ -58,7 +64,9 @@ struct KvmAnalysisOptions {
   int64_t pid = -1;   // only this VM (process) or thread (-1: all)
   bool per_vcpu = false;
   bool per_vm = false;
-  // Exits at least this long are handed to on_slow (0: off), as perf's --duration.
+  // Exits at least this long are slow (0: off), as perf's --duration: counted, kept in
+  // KvmAnalysis::slow, and handed to on_slow as they are counted (when set) with their row's
+  // key.
   uint64_t slow_ns = 0;
   std::function<void(const ExitEvent&, std::string_view key)> on_slow{};
 };
@@ -68,26 +76,21 @@ struct KvmAnalysisOptions {
 using KvmRow = ExitRow;
 using KvmGroup = ExitTable;
 
-// An exit still open when the trace ended: the vCPU never re-entered the guest.
-struct KvmOpenExit {
-  uint64_t start_ns = 0;
-  uint32_t vm = 0, vcpu = 0, tid = 0;
-  std::string reason, key, device, reg;
-};
-
 struct KvmAnalysis {
   KvmEventClass event = KvmEventClass::kVmexit;
   KvmGroup all;
   std::vector<std::unique_ptr<KvmGroup>> per_vm;    // sorted by vm at Finish()
   std::vector<std::unique_ptr<KvmGroup>> per_vcpu;  // sorted by (vm, vcpu)
-  uint64_t exits_seen = 0;      // every exit received (kernel accesses not included)
-  uint64_t exits_filtered = 0;  // of which not in the class or filtered by --vcpu / -p
-  uint64_t slow_exits = 0;
+  uint64_t exits_seen = 0;               // every exit received (kernel accesses not included)
+  uint64_t exits_filtered = 0;           // of which not in the class or filtered by --vcpu / -p
+  uint64_t slow_exits = 0;               // exits of the class at least slow_ns long
+  std::vector<KeptExit> slow;            // the first kMaxSlowExitsKept of them, in order, with key
   uint64_t open_at_end = 0;              // exits of the class open at end of trace
-  std::vector<KvmOpenExit> open_exits;   // the first kMaxOpenExitsKept of them, in order
+  std::vector<KeptExit> open_exits;      // the first kMaxOpenExitsKept of them, in order, with key
   uint64_t kernel_accesses_seen = 0;     // ExitEvent::kernel_access events received
   uint64_t kernel_accesses_skipped = 0;  // of which not in the class or filtered
   static constexpr size_t kMaxOpenExitsKept = 1000;
+  static constexpr size_t kMaxSlowExitsKept = 100000;
 };
 
 // Sort order of rows, as perf's --key plus percentiles. All descending.
@@ -110,6 +113,9 @@ class KvmAggregator final : public EventSink {
   void Finish();
   const KvmAnalysis& analysis() const noexcept { return analysis_; }
   const KvmAnalysisOptions& options() const noexcept { return options_; }
+  // What makes an exit slow here (options().slow_ns); the HTML report's timeline marks the
+  // same exits.
+  const SlowRule& slow_rule() const noexcept { return slow_rule_; }
   // Whether OnExit(e) counts `e` in a row: in the event class, not a kernel access of an exit
   // class, and through the --vcpu / -p filters (the HTML report's timeline draws these).
   bool Counts(const ExitEvent& e) const;
@@ -133,6 +139,7 @@ class KvmAggregator final : public EventSink {
   ExitGrouper& VcpuGroup(int64_t vm, int64_t vcpu);
 
   KvmAnalysisOptions options_;
+  SlowRule slow_rule_;
   KvmAnalysis analysis_;
   std::unique_ptr<ExitGrouper> all_;
   std::map<int64_t, std::unique_ptr<ExitGrouper>> vm_groups_;

@@ -12,12 +12,6 @@
 #include "report/html_report.h"
 
 namespace exitscope::cli {
-namespace {
-
-constexpr size_t kMaxSlowExitsKept = 100000;  // JSON keeps the first ones; all are counted
-
-}  // namespace
-
 const report::Renderer* PickRenderer(const char* self, const std::string& format, report::Need need,
                                      const std::string& output, int* status) {
   auto r = report::FindRenderer(format, need);
@@ -37,25 +31,23 @@ const report::Renderer* PickRenderer(const char* self, const std::string& format
 int RenderKvmReport(KvmReportRun& run, sources::Source& src) {
   const std::string_view format = run.renderer->name;
   analysis::KvmAnalysisOptions aopts = run.analysis;
-  std::vector<report::KvmSlowExit> slow;
   if (aopts.slow_ns != 0) {
-    aopts.on_slow = [&](const ExitEvent& e, std::string_view k) {
+    // A line per slow exit as it is read; json lists the analysis's (KvmAnalysis::slow), html
+    // marks them in the page's timeline.
+    aopts.on_slow = [format](const ExitEvent& e, std::string_view k) {
       if (format == "table") {
         std::printf("%s\n", report::FormatKvmSlowExit(e, k).c_str());
       } else if (format == "csv") {
         std::fprintf(stderr, "%s\n", report::FormatKvmSlowExit(e, k).c_str());
-      } else if (format == "json" && slow.size() < kMaxSlowExitsKept) {
-        slow.push_back({e.start_ns, e.duration_ns, e.vm, e.vcpu, e.tid, std::string(e.reason),
-                        std::string(k), std::string(e.device), std::string(e.reg)});
-      }  // html: marked in the page's timeline (the collector's threshold)
+      }
     };
   }
   const uint64_t slow_ns = aopts.slow_ns;
   analysis::KvmAggregator agg(std::move(aopts));
   // --format html: the page's timeline and rate plots draw the exits the aggregator counts.
   report::HtmlExitCollector exits(
-      [slow_ns](const ExitEvent& e) { return slow_ns != 0 && e.duration_ns >= slow_ns; },
-      [&agg](const ExitEvent& e) { return agg.Counts(e); }, /*group_targets=*/true);
+      agg.slow_rule(), [&agg](const ExitEvent& e) { return agg.Counts(e); },
+      /*group_targets=*/true);
   TeeSink tee({&agg, &exits});
   const bool html = format == "html";
   if (format == "timeline") {
@@ -92,7 +84,7 @@ int RenderKvmReport(KvmReportRun& run, sources::Source& src) {
   k.context.pairing = src.pairing() != nullptr ? src.pairing() : &none;
   k.context.pid = run.pid;
   k.context.vcpu = run.vcpu;
-  k.context.slow_exits = &slow;
+  k.context.list_slow_exits = true;
   k.render = run.render;
   k.exits = &exits;
   k.slow_rule = slow_ns != 0

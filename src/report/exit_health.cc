@@ -133,7 +133,7 @@ void CounterTableText(std::string& out, const CounterTable& t) {
                        t.zero_rows_hidden, t.zero_rows_hidden == 1 ? "" : "s");
 }
 
-std::string FindingLine(const analysis::FindingWithContext& f) {
+std::string FindingLine(const analysis::KeptFinding& f) {
   return f.text.empty() ? std::string(ToString(f.type)) : f.text;
 }
 
@@ -175,10 +175,10 @@ std::string RenderTable(const Dump& d, const ExitSummary& s, const ExitHealthOpt
       out += fmt::format("  ... {} more\n", s.slow.size() - o.max_notable);
       break;
     }
-    out += fmt::format("  {}  vCPU {}: {} {} {}{}\n", Rel(e.start_ns, s.first_ns), e.vcpu,
-                       e.description, e.in_progress ? "in progress for" : "took",
-                       FormatDurationNs(e.duration_ns),
-                       (e.flags & kExitFlagStalled) ? " (watchdog saw it stuck)" : "");
+    out +=
+        fmt::format("  {}  vCPU {}: {} {} {}{}\n", Rel(e.start_ns, s.first_ns), e.vcpu,
+                    analysis::DescribeExit(e), e.open_at_end() ? "in progress for" : "took",
+                    FormatDurationNs(e.duration_ns), e.stalled() ? " (watchdog saw it stuck)" : "");
   }
 
   out += fmt::format("\nWatchdog findings: {}\n", s.findings.size());
@@ -256,11 +256,11 @@ std::string RenderJson(const Dump& d, const ExitSummary& s, const ExitHealthOpti
                                {"kind", ToString(e.kind)},
                                {"dir", ToString(e.dir)},
                                {"size", e.size},
-                               {"addr", e.addr},
-                               {"target", e.target},
-                               {"description", e.description},
-                               {"stalled", (e.flags & kExitFlagStalled) != 0},
-                               {"in_progress", e.in_progress}});
+                               {"addr", e.subkey},
+                               {"target", analysis::TargetName(e.view())},
+                               {"description", analysis::DescribeExit(e)},
+                               {"stalled", e.stalled()},
+                               {"in_progress", e.open_at_end()}});
   }
   j["findings"] = nlohmann::json::array();
   for (const auto& f : s.findings) {
@@ -274,7 +274,7 @@ std::string RenderJson(const Dump& d, const ExitSummary& s, const ExitHealthOpti
                              {"type", ToString(f.type)},
                              {"vcpu", f.vcpu},
                              {"duration_ns", f.duration_ns},
-                             {"device", f.device_name},
+                             {"device", f.device},
                              {"io_id", f.io_id},
                              {"text", f.text},
                              {"in_flight", std::move(in_flight)}});

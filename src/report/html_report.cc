@@ -112,7 +112,7 @@ void DumpSections(html::Page& p, const Dump& d, const ExitHealthOptions& o,
   hist("hist-register", "register", s.by_register);
 
   html::Timeline t = html::TimelinePlots(
-      exits, 0, plot,
+      exits, plot,
       fmt::format("the recorder marked it slow (at least {}) or the watchdog saw it stuck",
                   FormatDurationNs(d.slow_exit_threshold_ns)));
   Section timeline{"timeline", "Exits over time", {}};
@@ -137,10 +137,10 @@ void DumpSections(html::Page& p, const Dump& d, const ExitHealthOptions& o,
       tab.rows.push_back(
           {fmt::format("{:+.6f}",
                        (static_cast<double>(e.start_ns) - static_cast<double>(s.first_ns)) / 1e9),
-           fmt::format("{}", e.vcpu), e.description, FormatDurationNs(e.duration_ns),
-           e.in_progress                  ? "in progress at dump time"
-           : (e.flags & kExitFlagStalled) ? "watchdog saw it stuck"
-                                          : ""});
+           fmt::format("{}", e.vcpu), analysis::DescribeExit(e), FormatDurationNs(e.duration_ns),
+           e.open_at_end() ? "in progress at dump time"
+           : e.stalled()   ? "watchdog saw it stuck"
+                           : ""});
     }
     tables.blocks.push_back(std::move(tab));
     if (s.slow.size() > plot.table_rows)
@@ -187,13 +187,12 @@ void DumpSections(html::Page& p, const Dump& d, const ExitHealthOptions& o,
 }
 
 HtmlExitCollector DumpCollector(const analysis::SummaryFilter& f) {
-  return HtmlExitCollector(
-      [](const ExitEvent& e) { return (e.flags & (kExitFlagSlow | kExitFlagStalled)) != 0; },
-      [f](const ExitEvent& e) {
-        if (f.vcpu && e.vcpu != *f.vcpu) return false;
-        if (!f.device) return true;
-        return *f.device == "unassigned" ? e.device.empty() : e.device == *f.device;
-      });
+  // Slow: as the summary's slow exits (exit_summary.h kDumpSlowRule).
+  return HtmlExitCollector(analysis::kDumpSlowRule, [f](const ExitEvent& e) {
+    if (f.vcpu && e.vcpu != *f.vcpu) return false;
+    if (!f.device) return true;
+    return *f.device == "unassigned" ? e.device.empty() : e.device == *f.device;
+  });
 }
 
 // The joint view's split as stacked bars, and its tables.
@@ -297,7 +296,7 @@ void KvmSections(html::Page& p, const analysis::KvmAnalysis& a, const KvmReportC
              {}});
   }
 
-  html::Timeline t = html::TimelinePlots(exits, 0, plot, slow_rule);
+  html::Timeline t = html::TimelinePlots(exits, plot, slow_rule);
   Section timeline{"timeline", "Exits over time", {}};
   timeline.blocks.push_back(Plot{std::move(t.chart), std::move(t.note)});
   timeline.blocks.push_back(Plot{std::move(t.rate), {}});

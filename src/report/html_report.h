@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "analysis/exit_table.h"
+#include "analysis/kept_event.h"
 #include "analysis/kvm_stats.h"
 #include "exitscope/dump.h"
 #include "exitscope/status.h"
@@ -58,16 +59,17 @@ struct HtmlPlotOptions {
 // Keeps what the timeline and rate plots need from an exit stream: per exit with a known
 // time (ExitEnd::kSeen, not a kernel access), its start, duration, track (vCPU, or VM and
 // vCPU when the stream has several VMs), label (reason and device.register) and whether it
-// is slow. 24 bytes an exit.
+// is slow (the analysis's SlowRule). 24 bytes an exit.
 class HtmlExitCollector final : public EventSink {
  public:
-  // `slow` says whether an exit is slow; `pass` whether it is in the report at all (the
-  // report's --vcpu / --device / -p filters). Either may be empty (none slow, all pass).
+  // `slow` says which exits are slow (the analysis's rule: the recorder's flags for a dump,
+  // KvmAggregator::slow_rule() for kvm report; default: none); `pass` whether an exit is in
+  // the report at all (the report's --vcpu / --device / -p filters; empty: all pass).
   // `group_targets`: also count the exits that pass into rows by device and by register
   // (exit_table.h ExitKey::kDevice / kRegister), for a report whose own rows are not (a kvm
   // report's rows are its event class's keys).
-  HtmlExitCollector(std::function<bool(const ExitEvent&)> slow,
-                    std::function<bool(const ExitEvent&)> pass, bool group_targets = false);
+  HtmlExitCollector(analysis::SlowRule slow, std::function<bool(const ExitEvent&)> pass,
+                    bool group_targets = false);
   void OnExit(const ExitEvent& e) override;
 
   struct Point {
@@ -88,7 +90,8 @@ class HtmlExitCollector final : public EventSink {
   void Finish();
 
  private:
-  std::function<bool(const ExitEvent&)> slow_, pass_;
+  analysis::SlowRule slow_;
+  std::function<bool(const ExitEvent&)> pass_;
   std::vector<Point> points_;
   std::vector<std::string> labels_;
   std::unordered_map<std::string, uint32_t> label_index_;

@@ -106,7 +106,7 @@ json HistogramPlot(std::string id, std::string title, std::vector<const ExitRow*
 
 // ---- timeline and rate -----------------------------------------------------------------
 
-Timeline TimelinePlots(const HtmlExitCollector& c, uint64_t slow_ns, const HtmlPlotOptions& o,
+Timeline TimelinePlots(const HtmlExitCollector& c, const HtmlPlotOptions& o,
                        std::string_view slow_rule) {
   using Point = HtmlExitCollector::Point;
   const auto& pts = c.points();
@@ -118,9 +118,7 @@ Timeline TimelinePlots(const HtmlExitCollector& c, uint64_t slow_ns, const HtmlP
   }
   if (pts.empty()) t0 = t1 = 0;
   const uint64_t span = t1 - t0 + 1;
-  const auto is_slow = [&](const Point& p) {
-    return p.slow || (slow_ns != 0 && p.duration_ns >= slow_ns);
-  };
+  const auto is_slow = [](const Point& p) { return p.slow != 0; };
 
   // Slow exits: all of them, or the longest max_slow_points.
   std::vector<uint32_t> slow;
@@ -274,9 +272,9 @@ Plot JointSplitPlot(std::string id, std::string_view what,
 
 // ---- the collector ---------------------------------------------------------------------
 
-HtmlExitCollector::HtmlExitCollector(std::function<bool(const ExitEvent&)> slow,
+HtmlExitCollector::HtmlExitCollector(analysis::SlowRule slow,
                                      std::function<bool(const ExitEvent&)> pass, bool group_targets)
-    : slow_(std::move(slow)), pass_(std::move(pass)) {
+    : slow_(slow), pass_(std::move(pass)) {
   if (group_targets) {
     devices_ = std::make_unique<analysis::ExitGrouper>(&by_device_);
     registers_ = std::make_unique<analysis::ExitGrouper>(&by_register_);
@@ -315,7 +313,7 @@ void HtmlExitCollector::OnExit(const ExitEvent& e) {
   // Tracks are numbered in first-seen order; TrackNames renumbers nothing.
   p.track = it->second;
   p.label = lit->second & 0x7fffffffu;
-  p.slow = slow_ && slow_(e) ? 1 : 0;
+  p.slow = slow_.IsSlow(e) ? 1 : 0;
   points_.push_back(p);
   if (devices_ == nullptr) return;
   for (auto [k, g] : {std::pair{analysis::ExitKey::kDevice, devices_.get()},

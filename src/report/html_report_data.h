@@ -36,9 +36,9 @@ struct Timeline {
 };
 
 // The scatter of `c`'s exits (every slow one up to max_slow_points, plus the longest and the
-// shortest of each time bin of each track) and the rate per track. `slow_ns` > 0 marks exits
-// at least that long slow too; `slow_rule` says in words what made an exit slow.
-Timeline TimelinePlots(const HtmlExitCollector& c, uint64_t slow_ns, const HtmlPlotOptions& o,
+// shortest of each time bin of each track) and the rate per track. The slow exits are those
+// the collector's SlowRule marked; `slow_rule` says in words what made an exit slow.
+Timeline TimelinePlots(const HtmlExitCollector& c, const HtmlPlotOptions& o,
                        std::string_view slow_rule);
 
 // Kind "split": each group's kernel time split into before / handler / after (and off-CPU

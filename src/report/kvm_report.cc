@@ -165,7 +165,7 @@ void AppendFooter(std::string& out, const KvmAnalysis& a, const KvmReportContext
   for (const std::string& n : Notes(a, ctx)) out += n + "\n";
   constexpr size_t kOpenLines = 20;
   for (size_t i = 0; i < a.open_exits.size() && i < kOpenLines; ++i) {
-    const analysis::KvmOpenExit& e = a.open_exits[i];
+    const analysis::KeptExit& e = a.open_exits[i];
     std::string line = fmt::format("  open at end of trace: {} VM {}, vcpu {}: {}", e.start_ns,
                                    e.vm, e.vcpu, e.reason);
     if (!e.key.empty() && e.key != e.reason) line += " " + e.key;
@@ -333,7 +333,7 @@ std::string RenderKvmJson(const KvmAnalysis& a, const KvmReportContext& ctx,
   j["open_at_end_count"] = a.open_at_end;
   {
     nlohmann::json arr = nlohmann::json::array();
-    for (const analysis::KvmOpenExit& e : a.open_exits) {
+    for (const analysis::KeptExit& e : a.open_exits) {
       arr.push_back({{"start_ns", e.start_ns},
                      {"vm", e.vm},
                      {"vcpu", e.vcpu},
@@ -348,9 +348,9 @@ std::string RenderKvmJson(const KvmAnalysis& a, const KvmReportContext& ctx,
   j["kernel_accesses_seen"] = a.kernel_accesses_seen;
   j["kernel_accesses_skipped"] = a.kernel_accesses_skipped;
   j["notes"] = Notes(a, ctx);
-  if (ctx.slow_exits != nullptr) {
+  if (ctx.list_slow_exits) {
     nlohmann::json arr = nlohmann::json::array();
-    for (const KvmSlowExit& e : *ctx.slow_exits) {
+    for (const analysis::KeptExit& e : a.slow) {
       arr.push_back({{"start_ns", e.start_ns},
                      {"duration_ns", e.duration_ns},
                      {"vm", e.vm},

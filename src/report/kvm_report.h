@@ -18,14 +18,6 @@
 
 namespace exitscope::report {
 
-// An exit slower than --duration, kept for the JSON output.
-struct KvmSlowExit {
-  uint64_t start_ns = 0;
-  uint64_t duration_ns = 0;
-  uint32_t vm = 0, vcpu = 0, tid = 0;
-  std::string reason{}, key{}, device{}, reg{};
-};
-
 // Everything about the input a report states besides its rows.
 struct KvmReportContext {
   std::string input{};   // file name, or "live"
@@ -37,7 +29,7 @@ struct KvmReportContext {
   const sources::KvmPairingStats* pairing = nullptr;
   int64_t pid = -1;
   int64_t vcpu = -1;
-  const std::vector<KvmSlowExit>* slow_exits = nullptr;  // JSON "slow_exits" (may be null)
+  bool list_slow_exits = false;  // JSON "slow_exits": the analysis's slow exits (kvm report)
 };
 
 struct KvmRenderOptions {

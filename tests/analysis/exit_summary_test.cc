@@ -157,7 +157,7 @@ TEST(ExitSummary, FindingsCarryTheIosInFlight) {
   const ExitSummary s = Summarize(*d, {});
   ASSERT_FALSE(s.findings.empty());
   size_t with_io = 0;
-  for (const FindingWithContext& f : s.findings) {
+  for (const KeptFinding& f : s.findings) {
     with_io += !f.in_flight.empty();
     for (const InflightIo& io : f.in_flight) {
       EXPECT_EQ(io.device_name, "nvme0");

@@ -146,6 +146,13 @@ TEST(KvmStats, FiltersAndBreakdowns) {
   ASSERT_EQ(slow.size(), 1u);
   EXPECT_EQ(slow[0], "HLT@1");
   EXPECT_EQ(a.slow_exits, 1u);
+  // The aggregator keeps the slow exit itself, with its row's key.
+  ASSERT_EQ(a.slow.size(), 1u);
+  EXPECT_EQ(a.slow[0].key, "HLT");
+  EXPECT_EQ(a.slow[0].reason, "HLT");
+  EXPECT_EQ(a.slow[0].duration_ns, 5000u);
+  EXPECT_EQ(a.slow[0].vcpu, 1u);
+  EXPECT_TRUE(agg.slow_rule().IsSlow(a.slow[0].view()));
 
   KvmAggregator only({.vcpu = 0, .pid = 2});
   only.OnExit(Exit("HLT", 100, 0, 1));
@@ -158,6 +165,39 @@ TEST(KvmStats, FiltersAndBreakdowns) {
   only.Reset();
   EXPECT_EQ(only.analysis().all.samples, 0u);
   EXPECT_TRUE(only.analysis().all.rows.empty());
+}
+
+// Every slow exit is counted; the first kMaxSlowExitsKept are kept, in order. Exits open at
+// end are never slow: they are kept in open_exits.
+TEST(KvmStats, SlowExitsKeptUpToTheCapAllCounted) {
+  KvmAggregator agg({.slow_ns = 1000});
+  const size_t n = KvmAnalysis::kMaxSlowExitsKept + 3;
+  for (size_t i = 0; i < n; ++i) {
+    ExitEvent e = Exit("HLT", 1000 + i);
+    e.start_ns = i;
+    agg.OnExit(e);
+  }
+  ExitEvent open = Port(0x3f8, AccessDir::kWrite, 0);
+  open.end = ExitEnd::kOpenAtEnd;
+  open.duration_ns = 1'000'000;
+  agg.OnExit(open);
+  agg.Finish();
+  const KvmAnalysis& a = agg.analysis();
+  EXPECT_EQ(a.slow_exits, n);
+  ASSERT_EQ(a.slow.size(), KvmAnalysis::kMaxSlowExitsKept);
+  EXPECT_EQ(a.slow.front().start_ns, 0u);
+  EXPECT_EQ(a.slow.back().start_ns, KvmAnalysis::kMaxSlowExitsKept - 1);
+  EXPECT_EQ(a.open_at_end, 1u);
+  ASSERT_EQ(a.open_exits.size(), 1u);
+  EXPECT_TRUE(a.open_exits[0].open_at_end());
+  EXPECT_EQ(a.open_exits[0].key, "IO");
+  EXPECT_EQ(a.open_exits[0].subkey, 0x3f8u);
+
+  KvmAggregator off({});  // no --duration: nothing slow
+  off.OnExit(Exit("HLT", 1'000'000'000));
+  EXPECT_EQ(off.analysis().slow_exits, 0u);
+  EXPECT_TRUE(off.analysis().slow.empty());
+  EXPECT_FALSE(off.slow_rule().enabled());
 }
 
 TEST(KvmStats, ParsersRejectUnknownNames) {

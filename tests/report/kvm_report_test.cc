@@ -106,17 +106,16 @@ TEST(KvmReport, HistogramBinsCoverEverySample) {
 }
 
 TEST(KvmReport, JsonIsStableAndComplete) {
-  auto agg = Sample();
+  auto agg = Sample({.slow_ns = 16660 + 1000 * 154});  // the longest HC_IRQ_HALT only
   sources::KvmPairingStats stats;
   stats.records[static_cast<size_t>(sources::KvmEventType::kUserspaceExit)] = 7;
   stats.unpaired_exits = 2;
-  std::vector<KvmSlowExit> slow = {{.start_ns = 5, .duration_ns = 9, .reason = "HC_IRQ_HALT"}};
   KvmReportContext ctx{.input = "x.dat",
                        .format = "trace-cmd .dat",
                        .clock = "x86-tsc",
                        .tsc_khz = 2596000,
                        .pairing = &stats,
-                       .slow_exits = &slow};
+                       .list_slow_exits = true};
   const auto j = nlohmann::json::parse(RenderKvmJson(agg->analysis(), ctx, {.histogram = true}));
   EXPECT_EQ(j["schema"], 1);
   EXPECT_EQ(j["event"], "vmexit");
@@ -138,8 +137,18 @@ TEST(KvmReport, JsonIsStableAndComplete) {
   EXPECT_EQ(hist_total, 354u);
   EXPECT_EQ(j["pairing"]["records"]["kvm_userspace_exit"], 7);
   EXPECT_EQ(j["pairing"]["unpaired_exits"], 2);
+  EXPECT_EQ(j["slow_exit_count"], 1);
+  ASSERT_EQ(j["slow_exits"].size(), 1u);
   EXPECT_EQ(j["slow_exits"][0]["reason"], "HC_IRQ_HALT");
+  EXPECT_EQ(j["slow_exits"][0]["key"], "HC_IRQ_HALT");
+  EXPECT_EQ(j["slow_exits"][0]["duration_ns"], 16660 + 1000 * 154);
+  EXPECT_EQ(j["slow_exits"][0]["vm"], 16330);
   EXPECT_TRUE(j["filters"]["pid"].is_null());
+
+  // kvm live and kvm stat list none (their context leaves list_slow_exits off).
+  ctx.list_slow_exits = false;
+  EXPECT_FALSE(
+      nlohmann::json::parse(RenderKvmJson(agg->analysis(), ctx, {})).contains("slow_exits"));
 }
 
 TEST(KvmReport, CsvHasHeaderAndOneLinePerRow) {

@@ -69,9 +69,10 @@ int KvmLiveMain(int argc, char** argv) {
   size_t buffer_kb = 0;
   std::string metrics_listen;
   app.add_option("-d,--delay", interval, "refresh every SECS seconds (default 1)")
-      ->check(kFinitePositive & CLI::Range(0.05, 86400.0));
-  app.add_option("--stop-after", stop_after, "stop after SECS seconds (default: Ctrl-C)")
-      ->check(kFiniteNonNegative);
+      ->check(NumberIn(0.05, 86'400, "s"));
+  app.add_option("--stop-after", stop_after,
+                 "stop after SECS seconds, 0..31536000 (default: Ctrl-C)")
+      ->check(NumberIn(0, 31'536'000, "s"));
   flags.Add(app, "only this VM (VMM process id): also filters in the kernel",
             "list each exit that took at least USEC microseconds (the last 20 are shown)",
             "table | json | csv (json: one document per refresh)");
@@ -80,8 +81,8 @@ int KvmLiveMain(int argc, char** argv) {
                "refresh shows its interval only, as perf)");
   app.add_flag("--no-clear", no_clear, "do not clear the screen between refreshes");
   app.add_option("-e,--trace-event", events, "tracepoints to enable (default kvm:*)");
-  app.add_option("--buffer-kb", buffer_kb, "per-CPU ring buffer size in KiB")
-      ->check(CLI::PositiveNumber);
+  app.add_option("--buffer-kb", buffer_kb, "per-CPU ring buffer size in KiB (1..4194304)")
+      ->check(IntegerIn(1, 4'194'304, "KiB"));
   app.add_option("--tracefs", tracefs_dir,
                  "tracefs mount point (default: $EXITSCOPE_TRACEFS "
                  "or /sys/kernel/tracing)");

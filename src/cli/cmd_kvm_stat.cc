@@ -364,12 +364,12 @@ int KvmStatMain(int argc, char** argv) {
   app.add_option("--pvm-numbering", f.pvm_numbering,
                  "PVM exit reason numbering: upstream | fork (ERETS removed)");
   app.add_option("--duration", run.duration,
-                 "stop after S seconds (default: when CMD exits, or Ctrl-C)")
-      ->check(kFiniteNonNegative);
+                 "stop after S seconds, 0..31536000 (default: when CMD exits, or Ctrl-C)")
+      ->check(NumberIn(0, 31'536'000, "s"));
   app.add_option("-d,--delay", run.interval,
                  "also print the (cumulative) table every SECS seconds (default: at the end "
                  "only)")
-      ->check(kFiniteNonNegative & CLI::Range(0.0, 86400.0));
+      ->check(NumberIn(0, 86'400, "s"));
   app.add_flag("--bpf-stats", run.bpf_stats,
                "print the programs' own run time per tracepoint hit at the end (the kernel's "
                "BPF_ENABLE_STATS, on for this run only)");

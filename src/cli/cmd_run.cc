@@ -164,7 +164,7 @@ int RunMain(int argc, char** argv) {
   std::string metrics_listen;
   double linger_s = 0;
   app.add_option("--vcpus", cfg.vcpus, "number of vCPUs, one thread each (1..16)")
-      ->check(kNonNegativeInteger)
+      ->check(IntegerIn(1, ES_MAX_VCPUS, ""))
       ->default_val(2);
   app.add_option("--guest", cfg.guest, "guest to boot: a name from --list-guests or a path")
       ->default_val("hello");
@@ -185,11 +185,12 @@ int RunMain(int argc, char** argv) {
                  "fault injection, repeatable: delay:DEVICE[.REGISTER]:MS[:EVERY_N], "
                  "backend-delay:DEVICE:MS[:EVERY_N], backend-error:DEVICE:EVERY_N");
   app.add_option("--slow", cfg.slow_ms,
-                 "slow-exit threshold in ms (also the watchdog's stuck-vCPU threshold)")
-      ->check(kNonNegativeInteger)
+                 "slow-exit threshold in ms, 1..3600000 (also the watchdog's stuck-vCPU threshold)")
+      ->check(IntegerIn(1, 3'600'000, "ms"))
       ->default_val(20);
-  app.add_option("--io-age", cfg.io_age_ms, "watchdog: report I/Os in flight this long (ms)")
-      ->check(kNonNegativeInteger)
+  app.add_option("--io-age", cfg.io_age_ms,
+                 "watchdog: report I/Os in flight this long (ms, 1..86400000)")
+      ->check(IntegerIn(1, 86'400'000, "ms"))
       ->default_val(20000);
   app.add_option("--backend-depth", cfg.backend_depth,
                  "I/Os nvme0's backend holds (queued or in service) before a doorbell waits "
@@ -201,8 +202,8 @@ int RunMain(int argc, char** argv) {
                  "(default: exitscope-<pid>.esdump)");
   app.add_flag("--no-dump", no_dump, "do not write a dump at the end");
   app.add_option("--duration", cfg.duration_s,
-                 "stop the guest after SECONDS (default: when it ends)")
-      ->check(kFiniteNonNegative);
+                 "stop the guest after SECONDS, 0..31536000 (default: when it ends)")
+      ->check(NumberIn(0, 31'536'000, "s"));
   app.add_flag("--no-record", no_record, "run without the recorder (for overhead comparisons)");
   app.add_option("--format", format, "report format: table | json")->default_val("table");
   app.add_option("--metrics", metrics_listen,
@@ -210,8 +211,8 @@ int RunMain(int argc, char** argv) {
                  "(:PORT = 127.0.0.1:PORT; docs/prometheus.md)");
   app.add_option("--linger", linger_s,
                  "with --metrics: keep serving SECONDS after the guest stopped, so the last "
-                 "values get scraped (Ctrl-C ends it)")
-      ->check(kFiniteNonNegative);
+                 "values get scraped (Ctrl-C ends it; 0..86400)")
+      ->check(NumberIn(0, 86'400, "s"));
   if (auto rc = ParseArgs(app, argc, argv)) return *rc;
   if (list) return ListGuests();
   if (format != "table" && format != "json")

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "base/output_file.h"
+#include "fmt/format.h"
 
 namespace exitscope::cli {
 
@@ -97,5 +98,31 @@ const CLI::Validator kNonNegativeInteger = CLI::Validator(
       return {};
     },
     "INTEGER>=0");
+
+CLI::Validator NumberIn(double lo, double hi, std::string_view unit) {
+  const std::string range = fmt::format("{}..{}{}{}", lo, hi, unit.empty() ? "" : " ", unit);
+  return CLI::Validator(
+      [lo, hi, range](std::string& s) -> std::string {
+        double v = 0;
+        if (!ParseFinite(s, &v)) return "'" + s + "' is not a finite number (" + range + ")";
+        if (v < lo || v > hi) return "'" + s + "' is out of range: " + range;
+        return {};
+      },
+      "NUMBER in " + range);
+}
+
+CLI::Validator IntegerIn(uint64_t lo, uint64_t hi, std::string_view unit) {
+  const std::string range = fmt::format("{}..{}{}{}", lo, hi, unit.empty() ? "" : " ", unit);
+  return CLI::Validator(
+      [lo, hi, range](std::string& s) -> std::string {
+        if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos)
+          return "'" + s + "' is not an integer (" + range + ")";
+        errno = 0;
+        const unsigned long long v = std::strtoull(s.c_str(), nullptr, 10);
+        if (errno == ERANGE || v < lo || v > hi) return "'" + s + "' is out of range: " + range;
+        return {};
+      },
+      "INTEGER in " + range);
+}
 
 }  // namespace exitscope::cli

@@ -3,6 +3,7 @@
 // exit status 0 ok, 1 runtime failure, 2 bad usage or bad input).
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -39,5 +40,12 @@ Status WriteOutput(const std::string& path, std::string_view text);
 extern const CLI::Validator kFiniteNonNegative;   // 0 <= x < inf
 extern const CLI::Validator kFinitePositive;      // 0 < x < inf
 extern const CLI::Validator kNonNegativeInteger;  // an integer >= 0 (no sign, no fraction)
+
+// A finite number in [lo, hi] `unit`, checked on the text as given, before the command
+// converts it to its own unit (ms to ns, MHz to kHz), so no value wraps or saturates. Beyond
+// it: "--FLAG: 'VALUE' is out of range: LO..HI UNIT".
+CLI::Validator NumberIn(double lo, double hi, std::string_view unit);
+// An integer (digits only) in [lo, hi] `unit`, checked before conversion as NumberIn.
+CLI::Validator IntegerIn(uint64_t lo, uint64_t hi, std::string_view unit);
 
 }  // namespace exitscope::cli

@@ -92,6 +92,54 @@ TEST_F(CliErrors, NumbersThatAreNotFiniteOrInRangeAreUsageErrors) {
   EXPECT_FALSE(fs::exists(out)) << "a refused record must not leave an output file";
 }
 
+// Issue 28 item 5: every numeric flag has a documented range, checked on the text before the
+// command converts it (ms or us to ns, MHz to kHz): beyond it, a usage error naming the flag
+// and the range, never a value that wraps ("--slow 18446744073709552" was 384 us), saturates
+// ("run --duration 1e10" stopped at once) or falls back ("--tsc-mhz 0.0001" became the host's).
+TEST_F(CliErrors, NumbersBeyondTheirRangeAreUsageErrorsNamingTheRange) {
+  const std::string out = (dir_ / "x.dat").string();
+  const std::string json = (dir_ / "t.json").string();
+  for (const Case& c : std::vector<Case>{
+           {{"run", "--slow", "8000000000000"},
+            2,
+            "--slow: '8000000000000' is out of range: 1..3600000 ms"},
+           {{"run", "--slow", "18446744073709552"},
+            2,
+            "--slow: '18446744073709552' is out of range"},
+           {{"run", "--io-age", "18446744073709552"},
+            2,
+            "--io-age: '18446744073709552' is out of range: 1..86400000 ms"},
+           {{"run", "--io-age", "0"}, 2, "--io-age"},
+           {{"run", "--duration", "1e10"}, 2, "--duration: '1e10' is out of range: 0..31536000 s"},
+           {{"run", "--linger", "1e300"}, 2, "--linger: '1e300' is out of range"},
+           {{"kvm", "report", "-i", kDat, "--tsc-mhz", "1e300"},
+            2,
+            "--tsc-mhz: '1e300' is out of range: 1..100000 MHz"},
+           {{"kvm", "report", "-i", kDat, "--tsc-mhz", "0.0001"},
+            2,
+            "--tsc-mhz: '0.0001' is out of range"},
+           {{"kvm", "report", "-i", kDat, "--duration", "1e300"},
+            2,
+            "--duration: '1e300' is out of range: 0..3600000000 us"},
+           {{"kvm", "record", "-o", out, "--duration", "1e300"},
+            2,
+            "--duration: '1e300' is out of range"},
+           {{"kvm", "live", "--stop-after", "1e300"}, 2, "--stop-after: '1e300' is out of range"},
+           {{"kvm", "live", "--duration", "1e300"}, 2, "--duration: '1e300' is out of range"},
+           {{"kvm", "stat", "--duration", "1e300"}, 2, "--duration: '1e300' is out of range"},
+           {{"timeline", kDump, "-o", json, "--from", "1e300"},
+            2,
+            "--from: '1e300' is out of range"},
+           {{"timeline", kDump, "-o", json, "--min-us", "1e300"},
+            2,
+            "--min-us: '1e300' is out of range"},
+       }) {
+    Expect(c);
+  }
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_FALSE(fs::exists(json));
+}
+
 TEST_F(CliErrors, ADeviceMapThatIsNotARegularFileIsRefusedByName) {
   Expect({{"kvm", "report", "-i", kDat, "--device-map", dir_.string()}, 2, "is a directory"});
   Expect({{"kvm", "report", "-i", kDat, "--device-map", "/dev/zero"}, 2, "not a regular file"});

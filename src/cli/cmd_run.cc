@@ -14,7 +14,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -55,6 +57,27 @@ int Usage(const char* self, const std::string& what) {
 
 int FailWith(const char* self, const Error& e) {
   return ReportError(self, e);
+}
+
+// Whether stdout (the report, and the guest's serial output when no --serial) and the
+// --serial file were written whole. Returns 0, or prints one line and returns 1.
+// errno is the report's (cleared before it is written): a failed write leaves its error in
+// the stream's flag and in errno, and the buffer it could not write is gone.
+int CheckOutputsWritten(const char* self, const vmm::VmmResult& r) {
+  const int report_err = errno;
+  errno = 0;
+  const bool flushed = std::fflush(stdout) == 0;
+  const int err = !flushed && errno != 0 ? errno : report_err;
+  if (!flushed || std::ferror(stdout)) {
+    std::fprintf(stderr, "%s: standard output: write failed: %s (the report is lost)\n", self,
+                 err != 0 ? std::strerror(err) : "write error");
+    return 1;
+  }
+  if (!r.serial_error.empty()) {
+    std::fprintf(stderr, "%s: %s\n", self, r.serial_error.c_str());
+    return 1;
+  }
+  return 0;
 }
 
 const char* FailureName(uint32_t code) {
@@ -283,12 +306,15 @@ int RunMain(int argc, char** argv) {
     return 1;
   }
   PrintSummary(cfg, *result);
+  errno = 0;  // CheckOutputsWritten names the report's write error
   if (Recorder* rec = (*vm)->recorder()) {
     report::ExitHealthOptions opts;
     opts.format = format == "json" ? report::OutputFormat::kJson : report::OutputFormat::kTable;
     opts.source = "live snapshot of exitscope run --guest " + cfg.guest;
     report::WriteExitHealthReport(rec->Snapshot(), opts, stdout);
   }
+  // A report (or serial output) that could not be written is lost: never exit 0 (issue 28).
+  if (int rc = CheckOutputsWritten(self, *result); rc != 0) return rc;
   if (result->fatal) return 1;
   if (!result->dump_error.empty()) return 1;  // the evidence is lost: never exit 0 (logged above)
   if (result->stopped) {

@@ -3,11 +3,13 @@
 // (0 ok, 1 runtime failure, 2 bad usage or bad input), whichever subcommand it goes through.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -137,6 +139,33 @@ TEST_F(CliErrors, NumbersBeyondTheirRangeAreUsageErrorsNamingTheRange) {
     Expect(c);
   }
   EXPECT_FALSE(fs::exists(out));
+  EXPECT_FALSE(fs::exists(json));
+}
+
+// Issue 28 item 7: `kvm report -i` and `timeline` on a multi-GB junk file read it all (the
+// search for line 1's end went through the whole mapping) before refusing line 1. Now the
+// first 64 KiB decide: refused at once. An 8 GiB sparse file of zeros (no newline) costs no
+// disk; reading it all would fault in 8 GiB of file pages, so the children's peak RSS tells.
+TEST_F(CliErrors, AMultiGigabyteJunkInputIsRefusedFromItsFirstBytes) {
+  const std::string junk = (dir_ / "junk.txt").string();
+  {
+    std::ofstream(junk) << "junk";
+    ASSERT_EQ(::truncate(junk.c_str(), off_t{8} << 30), 0);
+  }
+  const std::string json = (dir_ / "t.json").string();
+  for (const Case& c : std::vector<Case>{
+           {{"kvm", "report", "-i", junk},
+            2,
+            "junk.txt: line 1 (offset 0): no line end within 65536 bytes"},
+           {{"timeline", junk, "-o", json}, 2, "junk.txt: line 1 (offset 0): no line end within"},
+       }) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Expect(c);
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  }
+  rusage children{};
+  ASSERT_EQ(::getrusage(RUSAGE_CHILDREN, &children), 0);
+  EXPECT_LT(children.ru_maxrss, 256 * 1024) << "KiB: the junk file was read";
   EXPECT_FALSE(fs::exists(json));
 }
 

@@ -134,7 +134,7 @@ int KvmLiveMain(int argc, char** argv) {
   std::unique_ptr<KvmLiveMetrics> metrics;  // a tee in front of the aggregator
   if (!metrics_listen.empty()) {
     auto m = KvmLiveMetrics::Start(metrics_listen, &agg, aopts.slow_ns, devices != nullptr);
-    if (!m) return ReportError(self, m.error());
+    if (!m) return ReportError(self, Error{m.error().code, "--" + m.error().message});  // --metrics
     metrics = std::move(*m);
     std::fprintf(stderr, "exitscope kvm live: metrics on http://%s/metrics\n",
                  metrics->address().c_str());

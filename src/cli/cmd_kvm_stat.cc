@@ -186,7 +186,7 @@ int RunBpf(StatRun& run, sources::bpf::BpfKvmStat& bpf) {
   std::unique_ptr<KvmStatMetrics> metrics;  // reads the maps at each scrape
   if (!run.metrics_listen.empty()) {
     auto m = KvmStatMetrics::Start(run.metrics_listen, &bpf, bo, run.popts.devices != nullptr);
-    if (!m) return ReportError(run.self, m.error());
+    if (!m) return ReportError(run.self, Error{m.error().code, "--" + m.error().message});
     metrics = std::move(*m);
     std::fprintf(stderr, "%s: metrics on http://%s/metrics\n", run.self,
                  metrics->address().c_str());
@@ -250,7 +250,7 @@ int RunTracefs(StatRun& run) {
   std::unique_ptr<KvmLiveMetrics> metrics;  // a tee in front of the aggregator, as kvm live
   if (!run.metrics_listen.empty()) {
     auto m = KvmLiveMetrics::Start(run.metrics_listen, &agg, 0, run.popts.devices != nullptr);
-    if (!m) return ReportError(run.self, m.error());
+    if (!m) return ReportError(run.self, Error{m.error().code, "--" + m.error().message});
     metrics = std::move(*m);
     std::fprintf(stderr, "%s: metrics on http://%s/metrics\n", run.self,
                  metrics->address().c_str());

@@ -277,7 +277,7 @@ int RunMain(int argc, char** argv) {
   std::unique_ptr<MetricsExporter> metrics;  // destroyed before the Vmm and its recorder
   if (!metrics_listen.empty()) {
     auto m = MetricsExporter::Start(*(*vm)->recorder(), mopts);
-    if (!m) return FailWith(self, m.error());
+    if (!m) return FailWith(self, Error{m.error().code, "--" + m.error().message});  // --metrics
     metrics = std::move(*m);
     std::fprintf(stderr, "exitscope run: metrics on http://%s/metrics\n",
                  metrics->address().c_str());

@@ -15,8 +15,15 @@ namespace exitscope::cli {
 
 // Parses argv into `app`. Returns std::nullopt to go on, or the exit status to return now:
 // 0 after --help (printed on stdout), 2 after a usage error (one line
-// "<argv[0]>: <what> (see --help)" on stderr).
+// "<argv[0]>: <what> (see --help)" on stderr). Every option that takes a value refuses an
+// empty one ("--qmp ''" is a usage error, never "not given"). CLI11's own wording is never
+// shown: a value that does not convert reads "--FLAG: 'VALUE' is not a number this flag
+// accepts", a range it checks "--FLAG: 'VALUE' is out of range".
 std::optional<int> ParseArgs(CLI::App& app, int argc, char** argv);
+
+// The one-line message ParseArgs prints for CLI11's error text `what` (without the
+// "(see --help)" tail): CLI11's raw wordings rephrased, anything else as it is.
+std::string RephraseParseError(std::string_view what);
 
 // The one mapping from an error to the process exit status: 2 when the user's input or
 // usage is at fault (invalid argument, corrupt / unsupported / missing input, a conflicting

@@ -120,15 +120,20 @@ class QmpConnection {
     auto reply = Next(fmt::format("the answer to {}", label));
     if (!reply) return Propagate(reply);
     if (reply->contains("error")) {
+      // QEMU's error is {"class": "...", "desc": "..."}; anything else (`{"error": 7}`) is a
+      // peer that does not speak QMP: say so, never "7 (?)".
       const json& e = (*reply)["error"];
-      const std::string cls = e.is_object() && e.contains("class") && e["class"].is_string()
+      const bool has_desc = e.is_object() && e.contains("desc") && e["desc"].is_string();
+      if (!has_desc) {
+        return Fail(ErrorCode::kInvalidArgument,
+                    fmt::format("{}: malformed QMP error reply to {} (no \"desc\" text): '{}'",
+                                path_, label, Excerpt(reply->dump())));
+      }
+      const std::string cls = e.contains("class") && e["class"].is_string()
                                   ? e["class"].get<std::string>()
-                                  : "?";
-      const std::string desc = e.is_object() && e.contains("desc") && e["desc"].is_string()
-                                   ? e["desc"].get<std::string>()
-                                   : e.dump();
-      return Fail(ErrorCode::kUnavailable,
-                  fmt::format("{}: QEMU refused {}: {} ({})", path_, label, desc, cls));
+                                  : "no class";
+      return Fail(ErrorCode::kUnavailable, fmt::format("{}: QEMU refused {}: {} ({})", path_, label,
+                                                       e["desc"].get<std::string>(), cls));
     }
     if (!reply->contains("return")) {
       return Fail(ErrorCode::kInvalidArgument, fmt::format("{}: not a QMP answer to {}: '{}'",

@@ -9,7 +9,7 @@
 // "return" string is the monitor's output. Asynchronous events in between are skipped.
 // Errors are one line naming the socket: no such socket, not a socket, connection refused
 // (nobody listening), not a QMP monitor (e.g. an HMP `-monitor` socket), a QMP error reply
-// (QEMU's class and description), no answer
+// (QEMU's class and description; an error reply without them is called malformed), no answer
 // within the timeout (QEMU serves one QMP client at a time: another client holding the
 // monitor looks like this). The timeout is one deadline for the whole exchange, from the
 // connect to the answer: a peer that keeps sending events (or a byte at a time) cannot hold

@@ -142,6 +142,56 @@ TEST_F(CliErrors, NumbersBeyondTheirRangeAreUsageErrorsNamingTheRange) {
   EXPECT_FALSE(fs::exists(json));
 }
 
+// Issue 28 item 8: an empty value was taken as "not given" (`--qmp ""` ran without a device
+// map); every option that takes a value refuses an empty one, by name.
+TEST_F(CliErrors, EmptyValuesAreUsageErrors) {
+  for (const Case& c : std::vector<Case>{
+           {{"kvm", "report", "-i", kDat, "--qmp", ""}, 2, "--qmp: an empty value is not allowed"},
+           {{"kvm", "report", "-i", kDat, "--device-map", ""}, 2, "--device-map: an empty value"},
+           {{"kvm", "report", "-i", ""}, 2, "--input: an empty value"},
+           {{"kvm", "live", "--metrics", ""}, 2, "--metrics: an empty value"},
+           {{"kvm", "stat", "--metrics", ""}, 2, "--metrics: an empty value"},
+           {{"run", "--metrics", ""}, 2, "--metrics: an empty value"},
+           {{"run", "--guest", ""}, 2, "--guest: an empty value"},
+           {{"run", "--dump", ""}, 2, "--dump: an empty value"},
+           {{"run", "--serial", ""}, 2, "--serial: an empty value"},
+           {{"timeline", kDump, "-o", (dir_ / "t.json").string(), "--device-map", ""},
+            2,
+            "--device-map: an empty value"},
+           {{"inspect", ""}, 2, "DUMP: an empty value"},
+       }) {
+    Expect(c);
+  }
+}
+
+// Issue 28 item 8: CLI11's own wording never reaches the user ("Value 0 not in range
+// 0.000000 to 1797...", "Could not convert: --vcpus = abc"): one line naming the flag and
+// what it expects.
+TEST_F(CliErrors, ParserMessagesNameTheFlagAndWhatItExpects) {
+  const std::string out = (dir_ / "x.dat").string();
+  for (const Case& c : std::vector<Case>{
+           {{"kvm", "record", "-o", out, "--buffer-kb", "0"},
+            2,
+            "--buffer-kb: '0' is out of range: 1..4194304 KiB"},
+           {{"kvm", "live", "--buffer-kb", "0"}, 2, "--buffer-kb: '0' is out of range"},
+           {{"kvm", "record", "-o", out, "--poll-ms", "0"},
+            2,
+            "--poll-ms: '0' is out of range: 1..10000 ms"},
+           {{"kvm", "record", "-o", out, "-p", "0"}, 2, "--pid: '0' is out of range"},
+           {{"kvm", "live", "-d", "0.01"}, 2, "--delay: '0.01' is out of range: 0.05..86400 s"},
+           {{"kvm", "stat", "-d", "1e6"}, 2, "--delay: '1e6' is out of range"},
+           {{"run", "--vcpus", "abc"}, 2, "--vcpus"},
+           {{"run", "--guest-arg", "99999999999999999999999"}, 2, "--guest-arg"},
+           {{"inspect", kDump, "--rows", "x"}, 2, "--rows"},
+           {{"kvm", "live", "--event", "x", "--vcpu", "99999999999999999999"}, 2, "--vcpu"},
+       }) {
+    Expect(c);
+    const Ran r = RunCli(c.args);
+    for (const char* raw : {"not in range", "Could not convert", "0.000000", "AND"})
+      EXPECT_EQ(r.err.find(raw), std::string::npos) << r.err;
+  }
+}
+
 // Issue 28 item 7: `kvm report -i` and `timeline` on a multi-GB junk file read it all (the
 // search for line 1's end went through the whole mapping) before refusing line 1. Now the
 // first 64 KiB decide: refused at once. An 8 GiB sparse file of zeros (no newline) costs no

@@ -189,6 +189,19 @@ TEST_F(SocketDir, EventsCannotHoldTheExchangePastItsDeadline) {
   EXPECT_LT(s, 1.5) << "the deadline is for the whole exchange";
 }
 
+// Issue 28 item 8: an error reply that is not QEMU's {"class", "desc"} ({"error": 7}) was
+// printed as "7 (?)": it is a malformed reply, and the line says so.
+TEST_F(SocketDir, AMalformedErrorReplyIsCalledMalformed) {
+  Serve(std::string(kGreeting), {"{\"error\": 7}\r\n"});
+  auto out = QmpHumanMonitorCommand(path_, "info mtree -f");
+  ASSERT_FALSE(out);
+  EXPECT_EQ(out.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_EQ(out.error().message, path_ +
+                                     ": malformed QMP error reply to qmp_capabilities (no "
+                                     "\"desc\" text): '{\"error\":7}'");
+  EXPECT_EQ(out.error().message.find("(?)"), std::string::npos);
+}
+
 TEST_F(SocketDir, AnAnswerThatIsNoMemoryTreeIsRefusedByTheDeviceMap) {
   // HMP's answer to a command it does not know, as QEMU 7.2.22 gave it through QMP.
   Serve(std::string(kGreeting),

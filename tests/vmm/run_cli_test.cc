@@ -143,4 +143,23 @@ TEST(RunCli, ABadDumpPathIsRefusedBeforeTheGuestRuns) {
   std::filesystem::remove_all(dir);
 }
 
+// Issue 28 item 8: a --metrics port in use said "null context when constructing CivetServer".
+TEST(RunCli, AMetricsPortInUseSaysSo) {
+  SKIP_WITHOUT_KVM();
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const std::string addr = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  exitscope::test::Ran o = RunCmd("--guest hello --no-dump --metrics " + addr);
+  ::close(fd);
+  EXPECT_EQ(o.status, 1) << o.out;
+  EXPECT_EQ(o.out, "exitscope run: --metrics " + addr + ": port in use\n");
+}
+
 }  // namespace

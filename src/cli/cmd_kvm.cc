@@ -71,8 +71,8 @@ int ReportMain(int argc, char** argv) {
                  "text traces only: which table kvm_exit reasons use: auto | vmx | svm | pvm");
   app.add_option("--tsc-mhz", tsc_mhz,
                  "TSC frequency of the capture host, for x86-tsc timestamps (default: this "
-                 "host's)")
-      ->check(kFinitePositive);
+                 "host's; 1..100000)")
+      ->check(NumberIn(1, 100'000, "MHz"));
   std::string dump_path;
   app.add_option("--dump", dump_path,
                  "the joint view: match the trace's userspace exits with a recorder dump of the "

@@ -59,9 +59,10 @@ int KvmLiveMain(int argc, char** argv) {
   size_t buffer_kb = 0;
   std::string metrics_listen;
   app.add_option("-d,--delay", interval, "refresh every SECS seconds (default 1)")
-      ->check(kFinitePositive & CLI::Range(0.05, 86400.0));
-  app.add_option("--stop-after", stop_after, "stop after SECS seconds (default: Ctrl-C)")
-      ->check(kFiniteNonNegative);
+      ->check(NumberIn(0.05, 86'400, "s"));
+  app.add_option("--stop-after", stop_after,
+                 "stop after SECS seconds, 0..31536000 (default: Ctrl-C)")
+      ->check(NumberIn(0, 31'536'000, "s"));
   flags.Add(app, "only this VM (VMM process id): also filters in the kernel",
             "list each exit that took at least USEC microseconds (the last 20 are shown)",
             "table | json | csv (json: one document per refresh)");
@@ -70,8 +71,8 @@ int KvmLiveMain(int argc, char** argv) {
                "refresh shows its interval only, as perf)");
   app.add_flag("--no-clear", no_clear, "do not clear the screen between refreshes");
   app.add_option("-e,--trace-event", events, "tracepoints to enable (default kvm:*)");
-  app.add_option("--buffer-kb", buffer_kb, "per-CPU ring buffer size in KiB")
-      ->check(CLI::PositiveNumber);
+  app.add_option("--buffer-kb", buffer_kb, "per-CPU ring buffer size in KiB (1..4194304)")
+      ->check(IntegerIn(1, 4'194'304, "KiB"));
   app.add_option("--tracefs", tracefs_dir,
                  "tracefs mount point (default: $EXITSCOPE_TRACEFS "
                  "or /sys/kernel/tracing)");
@@ -116,7 +117,7 @@ int KvmLiveMain(int argc, char** argv) {
   std::unique_ptr<KvmLiveMetrics> metrics;  // a tee in front of the aggregator
   if (!metrics_listen.empty()) {
     auto m = KvmLiveMetrics::Start(metrics_listen, &agg, aopts.slow_ns, devices != nullptr);
-    if (!m) return ReportError(self, m.error());
+    if (!m) return ReportError(self, Error{m.error().code, "--" + m.error().message});  // --metrics
     metrics = std::move(*m);
     std::fprintf(stderr, "exitscope kvm live: metrics on http://%s/metrics\n",
                  metrics->address().c_str());

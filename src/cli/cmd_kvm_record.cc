@@ -84,19 +84,19 @@ int KvmRecordMain(int argc, char** argv) {
   app.add_option("-o,--output", output, "the .dat file to write")->required();
   app.add_option("--duration", duration,
                  "stop after this many seconds (default: Ctrl-C, or "
-                 "when CMD exits)")
-      ->check(kFiniteNonNegative);
+                 "when CMD exits; 0..31536000)")
+      ->check(NumberIn(0, 31'536'000, "s"));
   app.add_option("-p,--pid", pid,
                  "trace only this process (all its threads, and children "
                  "it forks)")
-      ->check(CLI::PositiveNumber);
+      ->check(IntegerIn(1, 4'194'304, ""));
   app.add_option("-e,--trace-event", events,
                  "events to record, SYSTEM:EVENT or SYSTEM:* "
                  "(repeatable; default kvm:*)");
-  app.add_option("--buffer-kb", buffer_kb, "per-CPU ring buffer size in KiB")
-      ->check(CLI::PositiveNumber);
+  app.add_option("--buffer-kb", buffer_kb, "per-CPU ring buffer size in KiB (1..4194304)")
+      ->check(IntegerIn(1, 4'194'304, "KiB"));
   app.add_option("--poll-ms", poll_ms, "how often the per-CPU buffers are drained")
-      ->check(CLI::Range(1, 10000));
+      ->check(IntegerIn(1, 10'000, "ms"));
   app.add_option("--clock", clock, "trace clock (default: x86-tsc if offered, else mono)");
   app.add_option("--tracefs", tracefs_dir,
                  "tracefs mount point (default: $EXITSCOPE_TRACEFS "

@@ -189,7 +189,7 @@ int RunBpf(StatRun& run, sources::bpf::BpfKvmStat& bpf) {
   std::unique_ptr<KvmStatMetrics> metrics;  // reads the maps at each scrape
   if (!run.metrics_listen.empty()) {
     auto m = KvmStatMetrics::Start(run.metrics_listen, &bpf, bo, run.popts.devices != nullptr);
-    if (!m) return ReportError(run.self, m.error());
+    if (!m) return ReportError(run.self, Error{m.error().code, "--" + m.error().message});
     metrics = std::move(*m);
     std::fprintf(stderr, "%s: metrics on http://%s/metrics\n", run.self,
                  metrics->address().c_str());
@@ -246,7 +246,7 @@ int RunTracefs(StatRun& run) {
   std::unique_ptr<KvmLiveMetrics> metrics;  // a tee in front of the aggregator, as kvm live
   if (!run.metrics_listen.empty()) {
     auto m = KvmLiveMetrics::Start(run.metrics_listen, &agg, 0, run.popts.devices != nullptr);
-    if (!m) return ReportError(run.self, m.error());
+    if (!m) return ReportError(run.self, Error{m.error().code, "--" + m.error().message});
     metrics = std::move(*m);
     std::fprintf(stderr, "%s: metrics on http://%s/metrics\n", run.self,
                  metrics->address().c_str());
@@ -345,12 +345,12 @@ int KvmStatMain(int argc, char** argv) {
   app.add_option("--pvm-numbering", f.pvm_numbering,
                  "PVM exit reason numbering: upstream | fork (ERETS removed)");
   app.add_option("--duration", run.duration,
-                 "stop after S seconds (default: when CMD exits, or Ctrl-C)")
-      ->check(kFiniteNonNegative);
+                 "stop after S seconds, 0..31536000 (default: when CMD exits, or Ctrl-C)")
+      ->check(NumberIn(0, 31'536'000, "s"));
   app.add_option("-d,--delay", run.interval,
                  "also print the (cumulative) table every SECS seconds (default: at the end "
                  "only)")
-      ->check(kFiniteNonNegative & CLI::Range(0.0, 86400.0));
+      ->check(NumberIn(0, 86'400, "s"));
   app.add_flag("--bpf-stats", run.bpf_stats,
                "print the programs' own run time per tracepoint hit at the end (the kernel's "
                "BPF_ENABLE_STATS, on for this run only)");

@@ -14,7 +14,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -55,6 +57,27 @@ int Usage(const char* self, const std::string& what) {
 
 int FailWith(const char* self, const Error& e) {
   return ReportError(self, e);
+}
+
+// Whether stdout (the report, and the guest's serial output when no --serial) and the
+// --serial file were written whole. Returns 0, or prints one line and returns 1.
+// errno is the report's (cleared before it is written): a failed write leaves its error in
+// the stream's flag and in errno, and the buffer it could not write is gone.
+int CheckOutputsWritten(const char* self, const vmm::VmmResult& r) {
+  const int report_err = errno;
+  errno = 0;
+  const bool flushed = std::fflush(stdout) == 0;
+  const int err = !flushed && errno != 0 ? errno : report_err;
+  if (!flushed || std::ferror(stdout)) {
+    std::fprintf(stderr, "%s: standard output: write failed: %s (the report is lost)\n", self,
+                 err != 0 ? std::strerror(err) : "write error");
+    return 1;
+  }
+  if (!r.serial_error.empty()) {
+    std::fprintf(stderr, "%s: %s\n", self, r.serial_error.c_str());
+    return 1;
+  }
+  return 0;
 }
 
 const char* FailureName(uint32_t code) {
@@ -164,7 +187,7 @@ int RunMain(int argc, char** argv) {
   std::string metrics_listen;
   double linger_s = 0;
   app.add_option("--vcpus", cfg.vcpus, "number of vCPUs, one thread each (1..16)")
-      ->check(kNonNegativeInteger)
+      ->check(IntegerIn(1, ES_MAX_VCPUS, ""))
       ->default_val(2);
   app.add_option("--guest", cfg.guest, "guest to boot: a name from --list-guests or a path")
       ->default_val("hello");
@@ -185,11 +208,12 @@ int RunMain(int argc, char** argv) {
                  "fault injection, repeatable: delay:DEVICE[.REGISTER]:MS[:EVERY_N], "
                  "backend-delay:DEVICE:MS[:EVERY_N], backend-error:DEVICE:EVERY_N");
   app.add_option("--slow", cfg.slow_ms,
-                 "slow-exit threshold in ms (also the watchdog's stuck-vCPU threshold)")
-      ->check(kNonNegativeInteger)
+                 "slow-exit threshold in ms, 1..3600000 (also the watchdog's stuck-vCPU threshold)")
+      ->check(IntegerIn(1, 3'600'000, "ms"))
       ->default_val(20);
-  app.add_option("--io-age", cfg.io_age_ms, "watchdog: report I/Os in flight this long (ms)")
-      ->check(kNonNegativeInteger)
+  app.add_option("--io-age", cfg.io_age_ms,
+                 "watchdog: report I/Os in flight this long (ms, 1..86400000)")
+      ->check(IntegerIn(1, 86'400'000, "ms"))
       ->default_val(20000);
   app.add_option("--backend-depth", cfg.backend_depth,
                  "I/Os nvme0's backend holds (queued or in service) before a doorbell waits "
@@ -201,8 +225,8 @@ int RunMain(int argc, char** argv) {
                  "(default: exitscope-<pid>.esdump)");
   app.add_flag("--no-dump", no_dump, "do not write a dump at the end");
   app.add_option("--duration", cfg.duration_s,
-                 "stop the guest after SECONDS (default: when it ends)")
-      ->check(kFiniteNonNegative);
+                 "stop the guest after SECONDS, 0..31536000 (default: when it ends)")
+      ->check(NumberIn(0, 31'536'000, "s"));
   app.add_flag("--no-record", no_record, "run without the recorder (for overhead comparisons)");
   app.add_option("--format", format,
                  "the end-of-run report's format: " + report::FormatChoices(report::Need::kFile))
@@ -216,8 +240,8 @@ int RunMain(int argc, char** argv) {
                  "(:PORT = 127.0.0.1:PORT; docs/prometheus.md)");
   app.add_option("--linger", linger_s,
                  "with --metrics: keep serving SECONDS after the guest stopped, so the last "
-                 "values get scraped (Ctrl-C ends it)")
-      ->check(kFiniteNonNegative);
+                 "values get scraped (Ctrl-C ends it; 0..86400)")
+      ->check(NumberIn(0, 86'400, "s"));
   if (auto rc = ParseArgs(app, argc, argv)) return *rc;
   if (list) return ListGuests();
   int status = 0;
@@ -263,7 +287,7 @@ int RunMain(int argc, char** argv) {
   std::unique_ptr<MetricsExporter> metrics;  // destroyed before the Vmm and its recorder
   if (!metrics_listen.empty()) {
     auto m = MetricsExporter::Start(*(*vm)->recorder(), mopts);
-    if (!m) return FailWith(self, m.error());
+    if (!m) return FailWith(self, Error{m.error().code, "--" + m.error().message});  // --metrics
     metrics = std::move(*m);
     std::fprintf(stderr, "exitscope run: metrics on http://%s/metrics\n",
                  metrics->address().c_str());
@@ -292,6 +316,7 @@ int RunMain(int argc, char** argv) {
     return 1;
   }
   PrintSummary(cfg, *result);
+  errno = 0;  // CheckOutputsWritten names the report's write error
   if (Recorder* rec = (*vm)->recorder()) {
     const Dump snapshot = rec->Snapshot();
     report::HealthModel h{.dump = &snapshot};
@@ -303,6 +328,8 @@ int RunMain(int argc, char** argv) {
       return 1;
     }
   }
+  // A report (or serial output) that could not be written is lost: never exit 0 (issue 28).
+  if (int rc = CheckOutputsWritten(self, *result); rc != 0) return rc;
   if (result->fatal) return 1;
   if (!result->dump_error.empty()) return 1;  // the evidence is lost: never exit 0 (logged above)
   if (result->stopped) {

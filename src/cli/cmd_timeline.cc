@@ -81,12 +81,15 @@ int TimelineMain(int argc, char** argv) {
       ->expected(1, 2);
   app.add_option("-o,--output", out_path, "the JSON file to write ('-': standard output)")
       ->required();
-  app.add_option("--from", from_s, "only from this many seconds after the timeline's start")
-      ->check(kFiniteNonNegative);
-  app.add_option("--to", to_s, "only until this many seconds after the timeline's start")
-      ->check(kFiniteNonNegative);
-  app.add_option("--min-us", min_us, "only exits at least this many microseconds long")
-      ->check(kFiniteNonNegative);
+  app.add_option("--from", from_s,
+                 "only from this many seconds after the timeline's start (0..31536000)")
+      ->check(NumberIn(0, 31'536'000, "s"));
+  app.add_option("--to", to_s,
+                 "only until this many seconds after the timeline's start (0..31536000)")
+      ->check(NumberIn(0, 31'536'000, "s"));
+  app.add_option("--min-us", min_us,
+                 "only exits at least this many microseconds long (0..3600000000)")
+      ->check(NumberIn(0, 3'600'000'000.0, "us"));
   app.add_flag("--slow-only", slow_only,
                "only the exits at or above the dump's slow-exit threshold");
   app.add_option("--max-exits", max_exits,

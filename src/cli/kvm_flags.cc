@@ -15,7 +15,8 @@ void KvmAnalysisFlags::Add(CLI::App& app, const char* pid_help, const char* dura
   app.add_option("-p,--pid", pid, pid_help)->check(kNonNegativeInteger);
   app.add_option("-k,--key", key,
                  "sort rows by: sample | time | max | min | avg | p50 | p99 | p999");
-  app.add_option("--duration", duration_us, duration_help)->check(kFiniteNonNegative);
+  app.add_option("--duration", duration_us, duration_help)
+      ->check(NumberIn(0, 3'600'000'000.0, "us"));
   app.add_flag("--percentiles", percentiles, "add p50 / p99 / p99.9 columns");
   app.add_flag("--per-vcpu", per_vcpu, "add one table per vCPU");
   app.add_flag("--per-vm", per_vm, "add one table per VM");

@@ -3,6 +3,7 @@
 // exit status 0 ok, 1 runtime failure, 2 bad usage or bad input).
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -14,8 +15,15 @@ namespace exitscope::cli {
 
 // Parses argv into `app`. Returns std::nullopt to go on, or the exit status to return now:
 // 0 after --help (printed on stdout), 2 after a usage error (one line
-// "<argv[0]>: <what> (see --help)" on stderr).
+// "<argv[0]>: <what> (see --help)" on stderr). Every option that takes a value refuses an
+// empty one ("--qmp ''" is a usage error, never "not given"). CLI11's own wording is never
+// shown: a value that does not convert reads "--FLAG: 'VALUE' is not a number this flag
+// accepts", a range it checks "--FLAG: 'VALUE' is out of range".
 std::optional<int> ParseArgs(CLI::App& app, int argc, char** argv);
+
+// The one-line message ParseArgs prints for CLI11's error text `what` (without the
+// "(see --help)" tail): CLI11's raw wordings rephrased, anything else as it is.
+std::string RephraseParseError(std::string_view what);
 
 // The one mapping from an error to the process exit status: 2 when the user's input or
 // usage is at fault (invalid argument, corrupt / unsupported / missing input, a conflicting
@@ -39,5 +47,12 @@ Status WriteOutput(const std::string& path, std::string_view text);
 extern const CLI::Validator kFiniteNonNegative;   // 0 <= x < inf
 extern const CLI::Validator kFinitePositive;      // 0 < x < inf
 extern const CLI::Validator kNonNegativeInteger;  // an integer >= 0 (no sign, no fraction)
+
+// A finite number in [lo, hi] `unit`, checked on the text as given, before the command
+// converts it to its own unit (ms to ns, MHz to kHz), so no value wraps or saturates. Beyond
+// it: "--FLAG: 'VALUE' is out of range: LO..HI UNIT".
+CLI::Validator NumberIn(double lo, double hi, std::string_view unit);
+// An integer (digits only) in [lo, hi] `unit`, checked before conversion as NumberIn.
+CLI::Validator IntegerIn(uint64_t lo, uint64_t hi, std::string_view unit);
 
 }  // namespace exitscope::cli

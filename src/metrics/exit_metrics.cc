@@ -1,8 +1,18 @@
 #include "metrics/exit_metrics.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <CivetServer.h>
 
 #include "prometheus/text_serializer.h"
 
@@ -22,6 +32,59 @@ void Join(std::string* key, std::initializer_list<std::string_view> parts) {
 // Buckets + _sum + _count.
 uint64_t HistogramSeries() {
   return DurationBuckets().size() + 1 + 2;
+}
+
+// civetweb matches a handler's URI as a prefix: prometheus-cpp's "/metrics" handler also
+// answered "/metricsX" and "/metrics/x" with 200. Called for every request before civetweb
+// picks a handler: anything but "/metrics" itself is answered 404 here.
+int OnlyTheMetricsUri(mg_connection* conn) {
+  const mg_request_info* ri = mg_get_request_info(conn);
+  if (ri != nullptr && ri->local_uri != nullptr && std::strcmp(ri->local_uri, "/metrics") == 0)
+    return 0;  // civetweb goes on to the handler
+  mg_send_http_error(conn, 404, "%s", "not found: this exporter serves /metrics only\n");
+  return 404;
+}
+
+const CivetCallbacks* Callbacks() {
+  static const CivetCallbacks* const cb = [] {
+    auto* c = new CivetCallbacks();
+    c->begin_request = OnlyTheMetricsUri;
+    return c;
+  }();
+  return cb;
+}
+
+// Why `listen` ("ADDR:PORT", "[ADDR6]:PORT") cannot be bound, as civetweb says only "null
+// context when constructing CivetServer": binds a socket of our own (SO_REUSEADDR, as civetweb
+// does) and returns its errno, 0 when it binds (or the address is not one we can parse).
+int BindErrno(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  if (colon == std::string::npos) return 0;
+  std::string host = listen.substr(0, colon);
+  const int port = std::atoi(listen.c_str() + colon + 1);
+  sockaddr_storage ss{};
+  socklen_t len = 0;
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    auto* a6 = reinterpret_cast<sockaddr_in6*>(&ss);
+    a6->sin6_family = AF_INET6;
+    a6->sin6_port = htons(static_cast<uint16_t>(port));
+    if (inet_pton(AF_INET6, host.substr(1, host.size() - 2).c_str(), &a6->sin6_addr) != 1) return 0;
+    len = sizeof *a6;
+  } else {
+    auto* a4 = reinterpret_cast<sockaddr_in*>(&ss);
+    a4->sin_family = AF_INET;
+    a4->sin_port = htons(static_cast<uint16_t>(port));
+    if (host.empty()) host = "0.0.0.0";
+    if (inet_pton(AF_INET, host.c_str(), &a4->sin_addr) != 1) return 0;
+    len = sizeof *a4;
+  }
+  const int fd = ::socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return errno;
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  const int err = ::bind(fd, reinterpret_cast<const sockaddr*>(&ss), len) == 0 ? 0 : errno;
+  ::close(fd);
+  return err;
 }
 
 }  // namespace
@@ -173,18 +236,26 @@ Result<Served> Serve(const std::string& listen,
     Served s;
     // civetweb's defaults are 30 s to read a request and (prometheus-cpp's) 2 workers: two
     // idle connections stopped every scrape for 30 s.
-    s.exposer = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
-        "listening_ports", listen, "num_threads", std::to_string(kHttpThreads),
-        "request_timeout_ms", std::to_string(kRequestTimeoutMs), "enable_keep_alive", "no"});
+    s.exposer = std::make_unique<prometheus::Exposer>(
+        std::vector<std::string>{"listening_ports", listen, "num_threads",
+                                 std::to_string(kHttpThreads), "request_timeout_ms",
+                                 std::to_string(kRequestTimeoutMs), "enable_keep_alive", "no"},
+        Callbacks());
     s.exposer->RegisterCollectable(what);
     const std::vector<int> ports = s.exposer->GetListeningPorts();
-    if (ports.empty()) return Fail(ErrorCode::kIo, "metrics: " + listen + ": not listening");
+    if (ports.empty()) return Fail(ErrorCode::kIo, "metrics " + listen + ": not listening");
     s.port = static_cast<uint16_t>(ports.front());
     s.address = listen.substr(0, listen.rfind(':') + 1) + std::to_string(s.port);
     return s;
   } catch (const std::exception& ex) {
-    return Fail(ErrorCode::kIo, "metrics: cannot listen on " + listen +
-                                    " (address in use or not local?): " + ex.what());
+    // civetweb's own words ("null context when constructing CivetServer") say nothing: say
+    // why the address cannot be bound.
+    const int err = BindErrno(listen);
+    if (err == EADDRINUSE) return Fail(ErrorCode::kIo, "metrics " + listen + ": port in use");
+    if (err != 0) {
+      return Fail(ErrorCode::kIo, "metrics " + listen + ": cannot listen: " + std::strerror(err));
+    }
+    return Fail(ErrorCode::kIo, "metrics " + listen + ": cannot listen (" + ex.what() + ")");
   }
 }
 

@@ -30,9 +30,18 @@ std::string Excerpt(std::string_view s) {
 
 class QmpConnection {
  public:
-  QmpConnection(std::string path, const QmpOptions& o) : path_(std::move(path)), opt_(o) {}
+  // One deadline for the whole exchange (issue 28: it was per message, so a peer sending an
+  // event every few seconds held the caller for as long as it liked).
+  QmpConnection(std::string path, const QmpOptions& o)
+      : path_(std::move(path)),
+        opt_(o),
+        deadline_(std::chrono::steady_clock::now() + std::chrono::milliseconds(o.timeout_ms)) {}
   ~QmpConnection() {
-    if (fd_ >= 0) ::close(fd_);
+    if (fd_ >= 0 && owns_fd_) ::close(fd_);
+  }
+  void Adopt(int fd) {
+    fd_ = fd;
+    owns_fd_ = false;
   }
   QmpConnection(const QmpConnection&) = delete;
   QmpConnection& operator=(const QmpConnection&) = delete;
@@ -111,15 +120,20 @@ class QmpConnection {
     auto reply = Next(fmt::format("the answer to {}", label));
     if (!reply) return Propagate(reply);
     if (reply->contains("error")) {
+      // QEMU's error is {"class": "...", "desc": "..."}; anything else (`{"error": 7}`) is a
+      // peer that does not speak QMP: say so, never "7 (?)".
       const json& e = (*reply)["error"];
-      const std::string cls = e.is_object() && e.contains("class") && e["class"].is_string()
+      const bool has_desc = e.is_object() && e.contains("desc") && e["desc"].is_string();
+      if (!has_desc) {
+        return Fail(ErrorCode::kInvalidArgument,
+                    fmt::format("{}: malformed QMP error reply to {} (no \"desc\" text): '{}'",
+                                path_, label, Excerpt(reply->dump())));
+      }
+      const std::string cls = e.contains("class") && e["class"].is_string()
                                   ? e["class"].get<std::string>()
-                                  : "?";
-      const std::string desc = e.is_object() && e.contains("desc") && e["desc"].is_string()
-                                   ? e["desc"].get<std::string>()
-                                   : e.dump();
-      return Fail(ErrorCode::kUnavailable,
-                  fmt::format("{}: QEMU refused {}: {} ({})", path_, label, desc, cls));
+                                  : "no class";
+      return Fail(ErrorCode::kUnavailable, fmt::format("{}: QEMU refused {}: {} ({})", path_, label,
+                                                       e["desc"].get<std::string>(), cls));
     }
     if (!reply->contains("return")) {
       return Fail(ErrorCode::kInvalidArgument, fmt::format("{}: not a QMP answer to {}: '{}'",
@@ -130,8 +144,6 @@ class QmpConnection {
 
  private:
   Result<std::string> ReadLine(std::string_view what) {
-    const auto deadline =
-        std::chrono::steady_clock::now() + std::chrono::milliseconds(opt_.timeout_ms);
     for (;;) {
       if (const size_t nl = buf_.find('\n'); nl != std::string::npos) {
         std::string line = buf_.substr(0, nl);
@@ -146,7 +158,7 @@ class QmpConnection {
             fmt::format("{}: a QMP message longer than {} bytes", path_, opt_.max_message_bytes));
       }
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                            deadline - std::chrono::steady_clock::now())
+                            deadline_ - std::chrono::steady_clock::now())
                             .count();
       pollfd p{fd_, POLLIN, 0};
       const int r = left > 0 ? ::poll(&p, 1, static_cast<int>(left)) : 0;
@@ -155,8 +167,9 @@ class QmpConnection {
         return Fail(ErrorCode::kIo, fmt::format("{}: poll: {}", path_, std::strerror(errno)));
       if (r == 0) {
         return Fail(ErrorCode::kUnavailable,
-                    fmt::format("{}: nothing within {} ms while waiting for {} (QEMU serves "
-                                "one QMP client at a time: is another one connected?)",
+                    fmt::format("{}: no answer within {} ms (for the whole exchange) while "
+                                "waiting for {} (QEMU serves one QMP client at a time: is "
+                                "another one connected?)",
                                 path_, opt_.timeout_ms, what));
       }
       char chunk[65536];
@@ -179,17 +192,14 @@ class QmpConnection {
 
   std::string path_;
   QmpOptions opt_;
+  std::chrono::steady_clock::time_point deadline_;
   int fd_ = -1;
+  bool owns_fd_ = true;
   std::string buf_;
 };
 
-}  // namespace
-
-Result<std::string> QmpHumanMonitorCommand(const std::string& socket_path,
-                                           std::string_view command_line,
-                                           const QmpOptions& options) {
-  QmpConnection c(socket_path, options);
-  if (Status s = c.Connect(); !s) return Propagate(s);
+Result<std::string> Exchange(QmpConnection& c, const std::string& socket_path,
+                             std::string_view command_line) {
   auto greeting = c.Next("a QMP greeting");
   if (!greeting) return Propagate(greeting);
   if (!greeting->contains("QMP")) {
@@ -218,6 +228,24 @@ Result<std::string> QmpHumanMonitorCommand(const std::string& socket_path,
     lf += text[i];
   }
   return lf;
+}
+
+}  // namespace
+
+Result<std::string> QmpHumanMonitorCommand(const std::string& socket_path,
+                                           std::string_view command_line,
+                                           const QmpOptions& options) {
+  QmpConnection c(socket_path, options);
+  if (Status s = c.Connect(); !s) return Propagate(s);
+  return Exchange(c, socket_path, command_line);
+}
+
+Result<std::string> QmpHumanMonitorCommandOnFd(int fd, const std::string& peer,
+                                               std::string_view command_line,
+                                               const QmpOptions& options) {
+  QmpConnection c(peer, options);
+  c.Adopt(fd);
+  return Exchange(c, peer, command_line);
 }
 
 }  // namespace exitscope::sources

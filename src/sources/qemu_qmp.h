@@ -9,8 +9,11 @@
 // "return" string is the monitor's output. Asynchronous events in between are skipped.
 // Errors are one line naming the socket: no such socket, not a socket, connection refused
 // (nobody listening), not a QMP monitor (e.g. an HMP `-monitor` socket), a QMP error reply
-// (QEMU's class and description), no answer within the timeout (QEMU serves one QMP client
-// at a time: another client holding the monitor looks like this).
+// (QEMU's class and description; an error reply without them is called malformed), no answer
+// within the timeout (QEMU serves one QMP client at a time: another client holding the
+// monitor looks like this). The timeout is one deadline for the whole exchange, from the
+// connect to the answer: a peer that keeps sending events (or a byte at a time) cannot hold
+// the caller longer.
 #pragma once
 
 #include <cstddef>
@@ -22,7 +25,7 @@
 namespace exitscope::sources {
 
 struct QmpOptions {
-  int timeout_ms = 5000;                 // for each message awaited
+  int timeout_ms = 5000;                 // for the whole exchange, not per message
   size_t max_message_bytes = 16u << 20;  // a longer line from QEMU is refused
 };
 
@@ -32,5 +35,11 @@ struct QmpOptions {
 Result<std::string> QmpHumanMonitorCommand(const std::string& socket_path,
                                            std::string_view command_line,
                                            const QmpOptions& options = {});
+
+// The same exchange over an already connected stream `fd` (left open), errors naming `peer`:
+// for tests and the fuzz target (fuzz/qmp_fuzzer.cc), which play QEMU on a socketpair.
+Result<std::string> QmpHumanMonitorCommandOnFd(int fd, const std::string& peer,
+                                               std::string_view command_line,
+                                               const QmpOptions& options = {});
 
 }  // namespace exitscope::sources

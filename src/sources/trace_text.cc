@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -562,12 +563,24 @@ TraceText::~TraceText() {
 }
 
 Status TraceText::Detect() {
-  // The first event line decides the flavour and whether timestamps are a raw counter.
+  // The first event line decides the flavour and whether timestamps are a raw counter. Only
+  // the lines starting in the first 64 KiB are looked at, and a line's end is looked for at
+  // most 64 KiB on: a multi-GB file with no newline (or no event line) near its start is
+  // refused without reading the rest (issue 28: a 6 GB junk file was scanned whole before
+  // its line 1 was refused).
+  constexpr size_t kDetectBytes = 64u << 10;
   size_t pos = 0, line_no = 0;
   KvmRecord rec;
   int64_t lost = 0;
-  while (pos < size_ && pos < (64u << 10)) {
-    const char* nl = static_cast<const char*>(std::memchr(data_ + pos, '\n', size_ - pos));
+  while (pos < size_ && pos < kDetectBytes) {
+    const size_t stop = std::min(size_, pos + kDetectBytes);
+    const char* nl = static_cast<const char*>(std::memchr(data_ + pos, '\n', stop - pos));
+    if (nl == nullptr && stop < size_) {
+      return Fail(ErrorCode::kCorrupt,
+                  fmt::format("{}: line {} (offset {}): no line end within {} bytes: not a "
+                              "trace-cmd report / ftrace / perf script event line",
+                              name_, line_no + 1, pos, kDetectBytes));
+    }
     const size_t end = nl ? static_cast<size_t>(nl - data_) : size_;
     SV line(data_ + pos, end - pos);
     ++line_no;

@@ -6,9 +6,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <iterator>
-
+#include "base/file_read.h"
 #include "guests/abi.h"
 
 #ifndef EXITSCOPE_GUEST_BUILD_DIR
@@ -60,8 +58,24 @@ std::vector<std::string> GuestSearchDirs() {
 Result<std::string> FindGuestImage(const std::string& name) {
   if (name.empty()) return Fail(ErrorCode::kInvalidArgument, "--guest: empty name");
   if (name.find('/') != std::string::npos || name.ends_with(".bin")) {
-    if (!IsFile(name))
-      return Fail(ErrorCode::kNotFound, "--guest " + name + ": no such image file");
+    // Checked by stat before anything is read: the type (a device such as /dev/zero is named,
+    // not "no such file") and the size limit (a 2 GiB file was read whole, then refused).
+    struct stat st;
+    if (stat(name.c_str(), &st) != 0) {
+      const int err = errno;
+      return Fail(err == ENOENT || err == ENOTDIR ? ErrorCode::kNotFound : ErrorCode::kIo,
+                  "--guest " + name + ": no such image file (" + std::strerror(err) + ")");
+    }
+    if (!S_ISREG(st.st_mode)) {
+      return Fail(ErrorCode::kInvalidArgument, "--guest " + name + ": is " +
+                                                   base::FileTypeName(st.st_mode) +
+                                                   ", not a guest image file");
+    }
+    if (static_cast<uint64_t>(st.st_size) > ES_GUEST_MAX_SIZE) {
+      return Fail(ErrorCode::kInvalidArgument,
+                  "--guest " + name + ": guest image of " + std::to_string(st.st_size) +
+                      " bytes exceeds the " + std::to_string(ES_GUEST_MAX_SIZE) + " limit");
+    }
     return name;
   }
   std::string searched;
@@ -75,16 +89,12 @@ Result<std::string> FindGuestImage(const std::string& name) {
 }
 
 Result<std::vector<uint8_t>> ReadGuestImage(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Fail(ErrorCode::kIo, path + ": cannot open: " + std::strerror(errno));
-  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
-                             std::istreambuf_iterator<char>());
-  if (bytes.empty()) return Fail(ErrorCode::kInvalidArgument, path + ": empty guest image");
-  if (bytes.size() > ES_GUEST_MAX_SIZE)
-    return Fail(ErrorCode::kInvalidArgument,
-                path + ": guest image of " + std::to_string(bytes.size()) + " bytes exceeds the " +
-                    std::to_string(ES_GUEST_MAX_SIZE) + " limit");
-  return bytes;
+  // The type and size are checked before any read, and nothing past the limit is read.
+  auto text =
+      base::ReadBoundedFile(path, ES_GUEST_MAX_SIZE, "guest image", ErrorCode::kInvalidArgument);
+  if (!text) return Propagate(text);
+  if (text->empty()) return Fail(ErrorCode::kInvalidArgument, path + ": empty guest image");
+  return std::vector<uint8_t>(text->begin(), text->end());
 }
 
 Status LoadGuestImage(GuestMemory& mem, const std::vector<uint8_t>& image) {

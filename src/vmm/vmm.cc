@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "base/output_file.h"
+#include "recorder/dump_file.h"
 #include "vmm/guest_image.h"
 #include "vmm/kvm.h"
 #include "vmm/kvm_stats.h"
@@ -238,6 +239,14 @@ Status Vmm::Setup() {
   unassigned_ = std::make_unique<UnassignedLog>([this](std::string_view l) { Log(l); });
   dump_path_ =
       cfg_.dump_path.empty() ? "exitscope-" + std::to_string(getpid()) + ".esdump" : cfg_.dump_path;
+  // The dump is written at the end (or on a fatal error): check now, by the same rule and the
+  // same temporary file beside it, that it can be, so that a bad --dump is refused before the
+  // guest runs rather than after (issue 28). The probe's temporary file is removed.
+  if (recorder_ && cfg_.write_dump) {
+    base::OutputFile probe;
+    if (Status s = probe.Open(dump_path_, internal::DumpFileOptions()); !s)
+      return Fail(s.error().code, "--dump " + s.error().message);
+  }
   // The loop's view of the VM.
   env_.bus = &bus_;
   env_.devices.assign(bus_.device_count(), nullptr);
@@ -428,6 +437,11 @@ Result<VmmResult> Vmm::Run() {
   result.unassigned_overflow = unassigned_->overflow();
   NoteUnassigned();  // also for the end report's snapshot when no dump is written
   SampleKvmStats(&result);
+  if (own_serial_ && uart_ && uart_->write_error() != 0) {
+    result.serial_error = "--serial " + cfg_.serial_path +
+                          ": write failed: " + std::strerror(uart_->write_error()) +
+                          " (the serial log is incomplete)";
+  }
   if (recorder_ && cfg_.write_dump) {
     if (auto st = WriteDumpNow("end of run"); st)
       result.dump_path = dump_path_;

@@ -77,8 +77,9 @@ struct VmmResult {
   double elapsed_s = 0;
   uint64_t userspace_exits = 0;
   std::vector<VcpuReport> vcpus;
-  std::string dump_path;   // "" when none written
-  std::string dump_error;  // why the end-of-run dump failed ("" = written, or not asked for)
+  std::string dump_path;     // "" when none written
+  std::string dump_error;    // why the end-of-run dump failed ("" = written, or not asked for)
+  std::string serial_error;  // why writing the --serial file failed ("" = it did not)
   NvmeBlock::Stats block;
   uint64_t unassigned_accesses = 0;  // accesses no device answered (all, logged or not)
   uint64_t unassigned_logged = 0;    // distinct addresses logged (once each)

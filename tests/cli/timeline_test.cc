@@ -1,6 +1,7 @@
 // `exitscope timeline` end to end on the real captures of testdata/kvm-host: a dump, a trace,
 // the joint view (in either order), the filters, and bad input: one line, exit 2, no file.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -96,6 +97,27 @@ TEST(TimelineCli, FiltersAndStdout) {
   const size_t n = Count(Parse(o), "X");
   EXPECT_LE(n, 50u);
   EXPECT_GE(n, 48u);  // each of the 2 vCPUs its share, rounded down
+}
+
+// Issue 28 item 6: `timeline` on a FIFO hung in open() waiting for a writer, where `inspect`
+// and `kvm report` refuse one at once. It is refused by name, at once, with no file written
+// (`timeout` turns a hang into a failure instead of a stuck test).
+TEST(TimelineCli, AFifoIsRefusedAtOnceNotWaitedOn) {
+  const std::string o = Out("fifo-out");
+  const std::string fifo = Out("fifo-in");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string& args :
+       {"timeline " + fifo + " -o " + o,
+        "timeline " + Data("joint-blk.esdump") + " " + fifo + " -o " + o}) {
+    const exitscope::test::Ran r =
+        exitscope::test::RunShell("timeout 10 " + exitscope::test::ExitscopeBinary() + " " + args);
+    EXPECT_EQ(r.status, 2) << args << "\n" << r.out;
+    EXPECT_EQ(r.out, "exitscope timeline: " + fifo +
+                         ": not a regular file: streams (pipes, FIFOs, devices, sockets) are not "
+                         "supported: save it to a file first\n");
+    EXPECT_FALSE(std::filesystem::exists(o));
+  }
+  std::remove(fifo.c_str());
 }
 
 TEST(TimelineCli, BadInputIsOneLineAndExitTwo) {

@@ -301,7 +301,27 @@ TEST(MetricsExporter, AddressInUseIsAnIoError) {
   auto second = MetricsExporter::Start(*vm.rec, o);
   ASSERT_FALSE(second);
   EXPECT_EQ(second.error().code, ErrorCode::kIo);
-  EXPECT_NE(second.error().message.find((*first)->address()), std::string::npos);
+  // Issue 28 item 8: it said "null context when constructing CivetServer" (civetweb's words).
+  EXPECT_EQ(second.error().message, "metrics " + (*first)->address() + ": port in use");
+}
+
+// Issue 28 item 8: civetweb matches a handler's URI as a prefix, so "/metricsX" answered 200
+// with the metrics. Only "/metrics" (with or without a query) is served; the rest is 404.
+TEST(MetricsExporter, OnlyTheMetricsPathIsServed) {
+  Vm vm = MakeVm();
+  auto e = MetricsExporter::Start(*vm.rec, Ephemeral());
+  ASSERT_TRUE(e) << e.error().message;
+  int status = 0;
+  EXPECT_TRUE(HttpGet("127.0.0.1", (*e)->port(), "/metrics", &status));
+  EXPECT_EQ(status, 200);
+  EXPECT_TRUE(HttpGet("127.0.0.1", (*e)->port(), "/metrics?x=1", &status));
+  EXPECT_EQ(status, 200);
+  for (const char* path : {"/metricsX", "/metrics/x", "/metrics.txt", "/", "/x"}) {
+    SCOPED_TRACE(path);
+    status = 0;
+    EXPECT_FALSE(HttpGet("127.0.0.1", (*e)->port(), path, &status));
+    EXPECT_EQ(status, 404);
+  }
 }
 
 // A loopback connection to `port` (connected, nothing sent), or -1.

@@ -10,6 +10,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -134,7 +135,8 @@ TEST_F(SocketDir, ASilentPeerTimesOut) {
   auto out = QmpHumanMonitorCommand(path_, "info mtree -f", {.timeout_ms = 200});
   ASSERT_FALSE(out);
   EXPECT_EQ(out.error().code, ErrorCode::kUnavailable);
-  EXPECT_NE(out.error().message.find(": nothing within 200 ms while waiting for a QMP greeting"),
+  EXPECT_NE(out.error().message.find(": no answer within 200 ms (for the whole exchange) while "
+                                     "waiting for a QMP greeting"),
             std::string::npos)
       << out.error().message;
 }
@@ -159,6 +161,45 @@ TEST_F(SocketDir, QemuRefusingACommandIsItsOwnWords) {
   EXPECT_EQ(out.error().message, path_ +
                                      ": QEMU refused qmp_capabilities: The command nope has "
                                      "not been found (CommandNotFound)");
+}
+
+// Issue 28 item 6: the timeout is one deadline for the whole exchange. A peer that greets,
+// then sends an event every 50 ms and never answers held the client for as long as it kept
+// talking (the limit was per message); now it fails at the deadline.
+TEST_F(SocketDir, EventsCannotHoldTheExchangePastItsDeadline) {
+  const int lfd = Bind(true);
+  peer_ = std::thread([lfd] {
+    const int c = ::accept(lfd, nullptr, nullptr);
+    if (c < 0) return;
+    (void)!::write(c, kGreeting.data(), kGreeting.size());
+    for (int i = 0; i < 100; ++i) {  // 5 s at most
+      if (::send(c, kShutdownEvent.data(), kShutdownEvent.size(), MSG_NOSIGNAL) < 0) break;
+      ::usleep(50'000);
+    }
+    ::close(c);
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  auto out = QmpHumanMonitorCommand(path_, "info mtree -f", {.timeout_ms = 300});
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(out);
+  EXPECT_EQ(out.error().code, ErrorCode::kUnavailable);
+  EXPECT_NE(out.error().message.find("no answer within 300 ms (for the whole exchange)"),
+            std::string::npos)
+      << out.error().message;
+  EXPECT_LT(s, 1.5) << "the deadline is for the whole exchange";
+}
+
+// Issue 28 item 8: an error reply that is not QEMU's {"class", "desc"} ({"error": 7}) was
+// printed as "7 (?)": it is a malformed reply, and the line says so.
+TEST_F(SocketDir, AMalformedErrorReplyIsCalledMalformed) {
+  Serve(std::string(kGreeting), {"{\"error\": 7}\r\n"});
+  auto out = QmpHumanMonitorCommand(path_, "info mtree -f");
+  ASSERT_FALSE(out);
+  EXPECT_EQ(out.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_EQ(out.error().message, path_ +
+                                     ": malformed QMP error reply to qmp_capabilities (no "
+                                     "\"desc\" text): '{\"error\":7}'");
+  EXPECT_EQ(out.error().message.find("(?)"), std::string::npos);
 }
 
 TEST_F(SocketDir, AnAnswerThatIsNoMemoryTreeIsRefusedByTheDeviceMap) {

@@ -4,6 +4,7 @@
 
 #include <elf.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -142,9 +143,46 @@ TEST(GuestImage, EmptyAndOversizedImagesAreRefused) {
   ASSERT_EQ(0, ftruncate(fd, ES_GUEST_MAX_SIZE + 1));
   auto big = ReadGuestImage(tmpl);
   ASSERT_FALSE(big);
-  EXPECT_NE(big.error().message.find("exceeds"), std::string::npos);
+  EXPECT_NE(big.error().message.find("limit"), std::string::npos);
   close(fd);
   unlink(tmpl);
+}
+
+// Issue 28 item 7: a 2 GiB image was read whole (2.1 GB RSS, 12 s) before its size was
+// checked. Now stat decides first: FindGuestImage (what `run` calls before anything else)
+// and ReadGuestImage refuse it without reading, so the peak RSS does not grow by the file.
+TEST(GuestImage, SizeAndTypeAreCheckedBeforeAnyRead) {
+  char tmpl[] = "/tmp/exitscope-guest-XXXXXX.bin";
+  const int fd = mkstemps(tmpl, 4);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(0, ftruncate(fd, off_t{2} << 30));  // sparse: costs no disk
+  rusage before{}, after{};
+  getrusage(RUSAGE_SELF, &before);
+  auto found = FindGuestImage(tmpl);
+  auto read = ReadGuestImage(tmpl);
+  getrusage(RUSAGE_SELF, &after);
+  close(fd);
+  unlink(tmpl);
+  ASSERT_FALSE(found);
+  EXPECT_EQ(found.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_NE(found.error().message.find("2147483648 bytes exceeds the"), std::string::npos)
+      << found.error().message;
+  ASSERT_FALSE(read);
+  EXPECT_EQ(read.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_LT(after.ru_maxrss - before.ru_maxrss, 64 * 1024) << "KiB of peak RSS grown";
+
+  // Not a regular file: named as what it is, not "no such image file".
+  auto dev = FindGuestImage("/dev/zero");
+  ASSERT_FALSE(dev);
+  EXPECT_EQ(dev.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_EQ(dev.error().message,
+            "--guest /dev/zero: is a character device, not a guest image file");
+  auto dir = FindGuestImage("/tmp/");
+  ASSERT_FALSE(dir);
+  EXPECT_NE(dir.error().message.find("is a directory"), std::string::npos) << dir.error().message;
+  auto zero = ReadGuestImage("/dev/zero");
+  ASSERT_FALSE(zero);
+  EXPECT_NE(zero.error().message.find("a character device"), std::string::npos);
 }
 
 }  // namespace

@@ -2,6 +2,11 @@
 // without /dev/kvm.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <regex>
 #include <string>
 
@@ -86,6 +91,75 @@ TEST(RunCli, OnKvmTheReportShowsEachVcpusInKernelCounters) {
     ++rows;
   }
   EXPECT_EQ(rows, 2) << o.out;
+}
+
+// Issue 28 item 6: a report that cannot be written to stdout (`run > /dev/full`) and a serial
+// log that cannot be written (`--serial /dev/full`) exited 0 and were lost. Now: exit 1 and
+// one line saying which output failed. /dev/full stays the device it was.
+TEST(RunCli, AReportOrSerialLogThatCannotBeWrittenExits1) {
+  SKIP_WITHOUT_KVM();
+  for (const char* args :
+       {"--guest hello --no-dump > /dev/full", "--guest hello --no-dump --serial /dev/full"}) {
+    SCOPED_TRACE(args);
+    exitscope::test::Ran o =
+        exitscope::test::RunExitscope(std::string("run ") + args, /*merge_stderr=*/false);
+    EXPECT_EQ(o.status, 1) << o.err;
+    const std::string want = std::string(args).find("--serial") != std::string::npos
+                                 ? "exitscope run: --serial /dev/full: write failed: No space "
+                                   "left on device (the serial log is incomplete)"
+                                 : "exitscope run: standard output: write failed: No space left "
+                                   "on device (the report is lost)";
+    EXPECT_NE(o.err.find(want + "\n"), std::string::npos) << o.err;
+    struct stat st {};
+    ASSERT_EQ(::stat("/dev/full", &st), 0);
+    EXPECT_TRUE(S_ISCHR(st.st_mode)) << "/dev/full is no longer a device";
+  }
+}
+
+// Issue 28 item 6: --dump was checked only when the dump was written, at the end: the guest ran
+// its whole --duration and then the recording was lost. The path is checked at start by the
+// output rule (no directory, FIFO, device or symlink; its directory must exist): one line,
+// before the guest runs.
+TEST(RunCli, ABadDumpPathIsRefusedBeforeTheGuestRuns) {
+  SKIP_WITHOUT_KVM();
+  char tmpl[] = "/tmp/exitscope-run-dump-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  ASSERT_EQ(::mkfifo((dir + "/fifo").c_str(), 0600), 0);
+  { std::ofstream(dir + "/file") << "keep"; }
+  ASSERT_EQ(::symlink((dir + "/file").c_str(), (dir + "/link").c_str()), 0);
+  for (const std::string& path : {dir, dir + "/fifo", dir + "/link", dir + "/no/such/dir.esdump"}) {
+    SCOPED_TRACE(path);
+    const auto t0 = std::chrono::steady_clock::now();
+    exitscope::test::Ran o =
+        RunCmd("--guest idle --guest-arg 1000000 --duration 20 --dump " + path);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_NE(o.status, 0) << o.out;
+    EXPECT_EQ(Lines(o.out), 1) << o.out;
+    EXPECT_EQ(o.out.rfind("exitscope run: --dump " + path, 0), 0u) << o.out;
+    EXPECT_LT(s, 10.0) << "the guest ran before the dump path was checked";
+  }
+  EXPECT_EQ(exitscope::test::ReadFile(dir + "/file"), "keep");
+  std::filesystem::remove_all(dir);
+}
+
+// Issue 28 item 8: a --metrics port in use said "null context when constructing CivetServer".
+TEST(RunCli, AMetricsPortInUseSaysSo) {
+  SKIP_WITHOUT_KVM();
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const std::string addr = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  exitscope::test::Ran o = RunCmd("--guest hello --no-dump --metrics " + addr);
+  ::close(fd);
+  EXPECT_EQ(o.status, 1) << o.out;
+  EXPECT_EQ(o.out, "exitscope run: --metrics " + addr + ": port in use\n");
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "vmm/devices/uart16550.h"
 
+#include <cerrno>
+
 namespace exitscope::vmm {
 
 namespace {
@@ -80,9 +82,10 @@ bool Uart16550::Write(uint64_t offset, const uint8_t* data, uint32_t size, Acces
       if (transcript_.size() < kTranscriptMax) transcript_.push_back(static_cast<char>(v));
       line_.push_back(static_cast<char>(v));
       if (v == '\n' || line_.size() >= 4096) {
-        if (out_ != nullptr) {
-          std::fwrite(line_.data(), 1, line_.size(), out_);
-          std::fflush(out_);
+        if (out_ != nullptr && write_errno_ == 0) {
+          errno = 0;
+          const size_t n = std::fwrite(line_.data(), 1, line_.size(), out_);
+          if (std::fflush(out_) != 0 || n != line_.size()) write_errno_ = errno != 0 ? errno : EIO;
         }
         line_.clear();
       }
@@ -121,6 +124,11 @@ std::string Uart16550::output() const {
 uint16_t Uart16550::divisor() const {
   std::lock_guard lock(mu_);
   return static_cast<uint16_t>(dlm_ << 8 | dll_);
+}
+
+int Uart16550::write_error() const {
+  std::lock_guard lock(mu_);
+  return write_errno_;
 }
 
 }  // namespace exitscope::vmm

@@ -28,6 +28,9 @@ class Uart16550 final : public Device {
   // Everything written to THR so far (kept for tests and the report; bounded to 1 MiB).
   std::string output() const;
   uint16_t divisor() const;
+  // The errno of the first failed write or flush of `out` (0: none). After one, output is no
+  // longer written (the transcript is still kept); the run reports it and exits 1.
+  int write_error() const;
 
  private:
   uint8_t Iir() const;
@@ -36,6 +39,7 @@ class Uart16550 final : public Device {
   std::FILE* out_;
   std::string line_;
   std::string transcript_;
+  int write_errno_ = 0;
   std::deque<uint8_t> loopback_;
   uint8_t ier_ = 0, lcr_ = 0x03, mcr_ = 0, scr_ = 0, fcr_ = 0;
   uint8_t dll_ = 0x0c, dlm_ = 0;  // 9600 baud after reset

@@ -324,7 +324,7 @@ int RunMain(int argc, char** argv) {
     report::ReportModel m{.health = &h};
     m.timeline.dump = &snapshot;
     if (Status s = report::WriteReport(*renderer, m, output); !s) {
-      std::fprintf(stderr, "%s: %s\n", self, s.error().message.c_str());
+      std::fprintf(stderr, "%s: %s (the report is lost)\n", self, s.error().message.c_str());
       return 1;
     }
   }

@@ -80,8 +80,7 @@ int RenderKvmReport(KvmReportRun& run, sources::Source& src) {
   k.context.tsc_khz = info.tsc_khz;
   k.context.tsc_khz_from_host = info.tsc_khz_from_host;
   k.context.lost_at_record = info.lost_at_record;
-  sources::KvmPairingStats none;
-  k.context.pairing = src.pairing() != nullptr ? src.pairing() : &none;
+  k.context.pairing = src.pairing();  // null for a dump: its exits were never paired
   k.context.pid = run.pid;
   k.context.vcpu = run.vcpu;
   k.context.list_slow_exits = true;

@@ -199,6 +199,10 @@ void AppendFooter(std::string& out, const KvmAnalysis& a, const KvmReportContext
           "No kvm_exit or kvm_userspace_exit records: nothing to pair (were kvm events "
           "enabled?).\n";
     }
+  } else if (!ctx.input.empty()) {  // a recorder dump: exits as the VMM timed them, no pairing
+    out +=
+        fmt::format("Input: {} ({}), {} exits as the VMM recorded them (each reached userspace).\n",
+                    ctx.input, ctx.format, a.exits_seen);
   }
   if (a.exits_filtered != 0) {
     out += fmt::format("{} of {} exits not in --event {} or filtered by --vcpu / -p.\n",

@@ -51,7 +51,8 @@ Status WriteReport(const Renderer& r, const ReportModel& m, const std::string& p
   auto text = r.text(m);
   if (!text) return Propagate(text);
   const std::string p = path.empty() ? "-" : path;
-  return base::WriteOutputFile(p, *text, {.label = "-o " + p, .what = "a report"});
+  return base::WriteOutputFile(
+      p, *text, {.label = p == "-" ? "standard output" : "-o " + p, .what = "a report"});
 }
 
 Result<std::string> RenderText(const Renderer& r, const ReportModel& m) {

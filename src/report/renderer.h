@@ -93,7 +93,7 @@ Result<const Renderer*> FindRenderer(std::string_view name, Need need);
 std::string FormatChoices(Need need);
 
 // Renders `m` with `r` to `path` (text formats through the one output rule; errors name
-// "-o PATH").
+// "-o PATH", or "standard output").
 Status WriteReport(const Renderer& r, const ReportModel& m, const std::string& path);
 // A live refresh as text (r.live).
 Result<std::string> RenderText(const Renderer& r, const ReportModel& m);

@@ -158,7 +158,7 @@ TEST_F(CliErrors, EmptyValuesAreUsageErrors) {
            {{"timeline", kDump, "-o", (dir_ / "t.json").string(), "--device-map", ""},
             2,
             "--device-map: an empty value"},
-           {{"inspect", ""}, 2, "DUMP: an empty value"},
+           {{"inspect", ""}, 2, "INPUT: an empty value"},
        }) {
     Expect(c);
   }

@@ -8,7 +8,7 @@ CMAKE_FLAGS ?=
 EXITSCOPE_CI ?=
 CI_CMAKE_FLAGS = $(if $(EXITSCOPE_CI),-DEXITSCOPE_WERROR=ON -DEXITSCOPE_REQUIRE_HTML=ON,-DEXITSCOPE_WERROR=OFF -DEXITSCOPE_REQUIRE_HTML=OFF)
 
-.PHONY: all deps configure build demo test bench asan tsan format clean fuzz
+.PHONY: all deps configure build demo test bench asan tsan format clean fuzz deb
 
 all: build
 
@@ -28,6 +28,11 @@ demo: build
 test: build
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --output-junit $(abspath $(BUILD))/ctest-junit.xml
 	@scripts/check-skips.py $(BUILD) $(if $(EXITSCOPE_CI),,--warn-only)
+
+# Debian packages (cmake/package.cmake, docs/install.md): libexitscope0, libexitscope-dev,
+# exitscope, into $(BUILD)/ as *.deb.
+deb: build
+	@cd $(BUILD) && cpack -G DEB
 
 bench: build
 	@scripts/bench.sh $(BUILD)

@@ -5,7 +5,7 @@
  * es_last_error() then returns a one-line message for the calling thread.
  *
  *   es_options opts;
- *   es_options_init(&opts);
+ *   es_options_init(&opts);  // sets opts.struct_size, then the defaults
  *   opts.num_vcpus = 2;
  *   es_recorder* rec;
  *   if (es_recorder_create(&opts, &rec) != ES_OK) { fprintf(stderr, "%s\n", es_last_error()); }
@@ -30,6 +30,7 @@
 #include <stdint.h>
 
 #include "exitscope/export.h"
+#include "exitscope/version.h"
 
 /* The library is built with hidden visibility; ES_EXPORT marks each C API function. */
 #define ES_EXPORT EXITSCOPE_EXPORT
@@ -77,8 +78,14 @@ typedef enum es_space { ES_SPACE_MMIO = 0, ES_SPACE_PIO = 1 } es_space;
 
 #define ES_UNASSIGNED 0xffffffffu
 
-/* Creation options. Initialise with es_options_init, then change what you need. */
+/* Creation options. Initialise with es_options_init, then change what you need.
+ * The struct can grow: new fields are only ever appended, and struct_size (the caller's
+ * sizeof(es_options), set by es_options_init) tells the library which ones the caller knows.
+ * Fields past a smaller struct_size take their defaults; a larger one (a newer header than the
+ * library) is accepted when the fields this library does not know are zero (docs/capi.md,
+ * "Compatibility"). */
 typedef struct es_options {
+  uint32_t struct_size;     /* sizeof(es_options) as the caller was compiled; es_options_init */
   uint32_t num_vcpus;       /* default 1 */
   uint64_t events_per_vcpu; /* ring capacity per vCPU, default 4096 */
   uint64_t device_events;   /* device-event ring capacity, default 4096 */
@@ -129,7 +136,21 @@ typedef struct es_counters {
 ES_EXPORT const char* es_last_error(void);
 ES_EXPORT const char* es_status_name(es_status s);
 
-ES_EXPORT void es_options_init(es_options* opts);
+/* The loaded library's version, "MAJOR.MINOR.PATCH" (the headers': ES_VERSION_STRING). */
+ES_EXPORT const char* es_version(void);
+/* The same as ES_VERSION_ENCODE(major, minor, patch) (exitscope/version.h). */
+ES_EXPORT uint32_t es_version_number(void);
+
+/* Fills the first `size` bytes of *opts: zeroes, then every default this library knows, and
+ * struct_size = size. ES_EINVAL for NULL or a size smaller than the first es_options layout.
+ * Call it through es_options_init, which passes the caller's sizeof(es_options). */
+ES_EXPORT es_status es_options_init_sized(es_options* opts, size_t size);
+static inline void es_options_init(es_options* opts) {
+  (void)es_options_init_sized(opts, sizeof(*opts));
+}
+/* opts NULL: the defaults. ES_EINVAL when opts->struct_size is smaller than the first layout
+ * (options not initialised with es_options_init); ES_EUNSUPPORTED when it is larger than this
+ * library's and a field it does not know is not zero. */
 ES_EXPORT es_status es_recorder_create(const es_options* opts, es_recorder** out);
 ES_EXPORT void es_recorder_destroy(es_recorder* rec); /* NULL is a no-op */
 

@@ -4,6 +4,8 @@
 // thread-local message returned by es_last_error().
 #include "exitscope/exitscope.h"
 
+#include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -28,6 +30,49 @@ thread_local std::string g_last_error;
 es_status SetError(es_status s, std::string message) {
   g_last_error = std::move(message);
   return s;
+}
+
+// The first es_options with struct_size (0.1.0) ends after log_slow_exits; no caller has a
+// smaller one. Fields added later go after it, and this constant stays.
+constexpr size_t kOptionsMinSize = offsetof(es_options, log_slow_exits) + sizeof(int);
+static_assert(offsetof(es_options, struct_size) == 0, "struct_size must stay the first member");
+
+void FillDefaults(es_options* opts) {
+  const exitscope::RecorderOptions d;
+  *opts = es_options{};
+  opts->struct_size = sizeof(es_options);
+  opts->num_vcpus = d.num_vcpus;
+  opts->events_per_vcpu = d.events_per_vcpu;
+  opts->device_events = d.device_events;
+  opts->slow_exit_ns = d.slow_exit.threshold_ns;
+  opts->stuck_exit_ns = d.watchdog.stuck_exit_ns;
+  opts->io_age_ns = d.watchdog.io_age_ns;
+  opts->start_watchdog = d.start_watchdog ? 1 : 0;
+  opts->log_slow_exits = 1;
+}
+
+// Reads the caller's options over the defaults in *out: the fields its struct_size covers,
+// no byte past it. Bytes of a newer, larger struct that this library does not know must be 0.
+es_status CopyOptions(const es_options& in, es_options* out) {
+  const size_t size = in.struct_size;
+  if (size < kOptionsMinSize) {
+    return SetError(ES_EINVAL, "es_recorder_create: es_options.struct_size is " +
+                                   std::to_string(size) + " (at least " +
+                                   std::to_string(kOptionsMinSize) +
+                                   "): initialise the options with es_options_init");
+  }
+  const auto* bytes = reinterpret_cast<const unsigned char*>(&in);
+  for (size_t i = sizeof(es_options); i < size; ++i) {
+    if (bytes[i] != 0) {
+      return SetError(ES_EUNSUPPORTED, "es_recorder_create: es_options has a field at byte " +
+                                           std::to_string(i) +
+                                           " that libexitscope " ES_VERSION_STRING
+                                           " does not know (built against a newer exitscope.h)");
+    }
+  }
+  std::memcpy(out, &in, std::min(size, sizeof(es_options)));
+  out->struct_size = sizeof(es_options);
+  return ES_OK;
 }
 
 es_status FromError(const exitscope::Error& e) {
@@ -152,17 +197,28 @@ const char* es_status_name(es_status s) {
   return "unknown status";
 }
 
-void es_options_init(es_options* opts) {
-  if (opts == nullptr) return;
-  const exitscope::RecorderOptions d;
-  opts->num_vcpus = d.num_vcpus;
-  opts->events_per_vcpu = d.events_per_vcpu;
-  opts->device_events = d.device_events;
-  opts->slow_exit_ns = d.slow_exit.threshold_ns;
-  opts->stuck_exit_ns = d.watchdog.stuck_exit_ns;
-  opts->io_age_ns = d.watchdog.io_age_ns;
-  opts->start_watchdog = d.start_watchdog ? 1 : 0;
-  opts->log_slow_exits = 1;
+const char* es_version(void) {
+  return ES_VERSION_STRING;
+}
+
+uint32_t es_version_number(void) {
+  return ES_VERSION_NUMBER;
+}
+
+es_status es_options_init_sized(es_options* opts, size_t size) {
+  if (opts == nullptr) return SetError(ES_EINVAL, "es_options_init: opts is NULL");
+  if (size < kOptionsMinSize) {
+    return SetError(ES_EINVAL, "es_options_init: size " + std::to_string(size) +
+                                   " is smaller than the first es_options (" +
+                                   std::to_string(kOptionsMinSize) + ")");
+  }
+  std::memset(opts, 0, size);
+  es_options d;
+  FillDefaults(&d);
+  // A caller with a newer header has a larger struct: its fields past ours stay zero.
+  std::memcpy(opts, &d, std::min(size, sizeof(es_options)));
+  opts->struct_size = static_cast<uint32_t>(size);
+  return ES_OK;
 }
 
 es_status es_recorder_create(const es_options* opts, es_recorder** out) {
@@ -170,8 +226,11 @@ es_status es_recorder_create(const es_options* opts, es_recorder** out) {
   *out = nullptr;
   return Guard([&]() -> es_status {
     es_options o;
-    es_options_init(&o);
-    if (opts != nullptr) o = *opts;
+    FillDefaults(&o);
+    if (opts != nullptr) {
+      const es_status s = CopyOptions(*opts, &o);
+      if (s != ES_OK) return s;
+    }
     exitscope::RecorderOptions ro;
     ro.num_vcpus = o.num_vcpus;
     ro.events_per_vcpu = o.events_per_vcpu;

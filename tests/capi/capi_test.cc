@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -40,6 +41,62 @@ TEST(CApi, OptionsDefaultsMatchTheLibrary) {
   EXPECT_EQ(o.slow_exit_ns, 20'000'000u);
   EXPECT_EQ(o.io_age_ns, 20'000'000'000u);
   EXPECT_EQ(o.start_watchdog, 1);
+}
+
+TEST(CApi, VersionOfTheLibraryIsTheHeaders) {
+  EXPECT_STREQ(es_version(), ES_VERSION_STRING);
+  EXPECT_EQ(es_version_number(), static_cast<uint32_t>(ES_VERSION_NUMBER));
+  EXPECT_EQ(std::string(es_version()), std::to_string(ES_VERSION_MAJOR) + "." +
+                                           std::to_string(ES_VERSION_MINOR) + "." +
+                                           std::to_string(ES_VERSION_PATCH));
+  EXPECT_EQ(ES_VERSION_ENCODE(1, 2, 3), 10203);
+}
+
+TEST(CApi, OptionsInitSetsTheStructSize) {
+  es_options o;
+  std::memset(&o, 0xab, sizeof(o));
+  es_options_init(&o);
+  EXPECT_EQ(o.struct_size, sizeof(es_options));
+  EXPECT_EQ(es_options_init_sized(nullptr, sizeof(es_options)), ES_EINVAL);
+  EXPECT_EQ(es_options_init_sized(&o, 8), ES_EINVAL);
+  EXPECT_NE(std::string(es_last_error()).find("smaller than the first es_options"),
+            std::string::npos);
+}
+
+// A caller built against a newer header passes a larger struct: accepted while the fields this
+// library does not know are zero, refused (ES_EUNSUPPORTED) once one is set.
+TEST(CApi, OptionsFromANewerHeaderNeedTheirUnknownFieldsZero) {
+  struct Newer {
+    es_options base;
+    uint64_t added_later;
+  };
+  Newer n;
+  ASSERT_EQ(es_options_init_sized(&n.base, sizeof(Newer)), ES_OK);
+  EXPECT_EQ(n.base.struct_size, sizeof(Newer));
+  EXPECT_EQ(n.added_later, 0u);
+  EXPECT_EQ(n.base.num_vcpus, 1u);
+  n.base.start_watchdog = 0;
+  es_recorder* r = nullptr;
+  ASSERT_EQ(es_recorder_create(&n.base, &r), ES_OK) << es_last_error();
+  es_recorder_destroy(r);
+
+  n.added_later = 7;
+  EXPECT_EQ(es_recorder_create(&n.base, &r), ES_EUNSUPPORTED);
+  EXPECT_EQ(r, nullptr);
+  EXPECT_NE(std::string(es_last_error()).find("does not know"), std::string::npos);
+}
+
+TEST(CApi, OptionsNotInitialisedAreRefused) {
+  es_options o;
+  es_options_init(&o);
+  o.start_watchdog = 0;
+  o.struct_size = 0;
+  es_recorder* r = nullptr;
+  EXPECT_EQ(es_recorder_create(&o, &r), ES_EINVAL);
+  EXPECT_NE(std::string(es_last_error()).find("es_options_init"), std::string::npos);
+  // NULL options are the defaults.
+  ASSERT_EQ(es_recorder_create(nullptr, &r), ES_OK) << es_last_error();
+  es_recorder_destroy(r);
 }
 
 TEST(CApi, BadOptionsAreRefusedWithAMessage) {

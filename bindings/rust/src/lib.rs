@@ -399,6 +399,7 @@ impl Recorder {
     /// Creates a recorder; all of its memory is allocated here (rings sized by `options`).
     pub fn new(options: &Options) -> Result<Recorder> {
         let o = sys::es_options {
+            struct_size: std::mem::size_of::<sys::es_options>() as u32,
             num_vcpus: options.num_vcpus,
             events_per_vcpu: options.events_per_vcpu,
             device_events: options.device_events,

@@ -68,10 +68,12 @@ pub const ES_SPACE_PIO: es_space = 1;
 
 pub const ES_UNASSIGNED: u32 = 0xffff_ffff;
 
-/// Creation options; initialise with `es_options_init`.
+/// Creation options; initialise with `es_options_init`. `struct_size` is the caller's
+/// `size_of::<es_options>()`: the struct can grow at its end (docs/capi.md, "Compatibility").
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct es_options {
+    pub struct_size: u32,
     pub num_vcpus: u32,
     pub events_per_vcpu: u64,
     pub device_events: u64,
@@ -127,7 +129,10 @@ extern "C" {
     pub fn es_last_error() -> *const c_char;
     pub fn es_status_name(s: es_status) -> *const c_char;
 
-    pub fn es_options_init(opts: *mut es_options);
+    pub fn es_version() -> *const c_char;
+    pub fn es_version_number() -> u32;
+
+    pub fn es_options_init_sized(opts: *mut es_options, size: usize) -> es_status;
     pub fn es_recorder_create(opts: *const es_options, out: *mut *mut es_recorder) -> es_status;
     pub fn es_recorder_destroy(rec: *mut es_recorder);
 
@@ -229,6 +234,15 @@ extern "C" {
     pub fn es_metrics_stop(metrics: *mut es_metrics);
 }
 
+/// The header's `static inline es_options_init`: the defaults, and `struct_size` set to this
+/// declaration's size.
+///
+/// # Safety
+/// `opts` must point to a writable `es_options`.
+pub unsafe fn es_options_init(opts: *mut es_options) {
+    es_options_init_sized(opts, core::mem::size_of::<es_options>());
+}
+
 #[cfg(test)]
 mod tests {
     extern crate std;
@@ -240,6 +254,7 @@ mod tests {
     #[test]
     fn struct_layouts_match_the_header() {
         assert_eq!(size_of::<es_options>(), 56);
+        assert_eq!(offset_of!(es_options, num_vcpus), 4);
         assert_eq!(offset_of!(es_options, events_per_vcpu), 8);
         assert_eq!(offset_of!(es_options, start_watchdog), 48);
         assert_eq!(size_of::<es_finding>(), 72);
@@ -260,6 +275,7 @@ mod tests {
         }
         let mut g = Guarded { opts: es_options::default(), canary: 0x5a5a_5a5a_5a5a_5a5a };
         unsafe { es_options_init(&mut g.opts) };
+        assert_eq!(g.opts.struct_size as usize, size_of::<es_options>());
         assert_eq!(g.opts.num_vcpus, 1);
         assert_eq!(g.opts.events_per_vcpu, 4096);
         assert_eq!(g.opts.device_events, 4096);

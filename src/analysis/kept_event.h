@@ -4,8 +4,8 @@
 // A source's ExitEvent and Finding (sources/event.h) are views that live for one sink call.
 // What an analysis lists beyond that (the slow, stalled and in-progress exits of a dump, the
 // exits over kvm's --duration, the exits open at end of a kernel trace, the watchdog
-// findings) is kept as a KeptExit / KeptFinding: every field of the event, its strings owned,
-// and view() gives the event back, so every renderer and helper that reads an ExitEvent
+// findings) is kept as a KeptExit / KeptFinding: the event itself with its strings owned (its
+// views point into the kept object), and view() is the event, so every renderer and helper that reads an ExitEvent
 // (TargetName, DescribeExit, FormatKvmSlowExit) reads a kept one too.
 //
 //   analysis::SlowRule rule{.threshold_ns = 20'000};
@@ -41,42 +41,31 @@ struct SlowRule {
   }
 };
 
-// An exit kept past its sink call: every ExitEvent field (sources/event.h says what each
-// means), the strings owned, plus the printed key of the report row it belongs to where the
-// report has one (kvm report: "0x3f8:POUT"; empty elsewhere).
-struct KeptExit {
-  uint64_t start_ns = 0;
-  uint64_t duration_ns = 0;  // so far, for an exit in progress at snapshot time
-  uint32_t vcpu = 0;
-  uint32_t vm = 0;
-  Isa isa = Isa::kUnknown;
-  std::string reason;
-  SubKeyKind subkey_kind = SubKeyKind::kNone;
-  uint64_t subkey = 0;  // the port / address / MSR / hypercall ("addr" in inspect's JSON)
-  uint8_t size = 0;
-  AccessDir dir = AccessDir::kNone;
-  bool userspace = false;
-  std::string device;
-  std::string reg;
-  uint64_t device_offset = ExitEvent::kNoOffset;
-  uint32_t tid = 0;
-  uint64_t guest_rip = 0;
-  uint64_t value = 0;
-  std::string user_reason;
-  bool failed_vmentry = false;
-  ExitEnd end = ExitEnd::kSeen;  // kOpenAtEnd: open at end of trace / in progress in a dump
-  bool kernel_access = false;
-  ExitKind kind = ExitKind::kUnknown;
-  uint8_t flags = 0;  // the recorder's ExitFlags
-  std::string key;    // the report row's key text, when there is one
+// An exit kept past its sink call: the ExitEvent itself (sources/event.h says what each field
+// means) with its strings (reason, device, reg, user_reason) owned by this object and its
+// views pointing into them, plus the printed key of the report row it belongs to where the
+// report has one (kvm report: "0x3f8:POUT"; empty elsewhere). A field added to ExitEvent is
+// kept with no change here; only a new string field needs its storage below.
+struct KeptExit : ExitEvent {
+  std::string key;  // the report row's key text, when there is one
 
   KeptExit() = default;
   explicit KeptExit(const ExitEvent& e, std::string key = {});
-  // The event, its strings pointing into this object (valid while it lives, unchanged).
-  ExitEvent view() const noexcept;
+  KeptExit(const KeptExit& o);
+  KeptExit(KeptExit&& o) noexcept;
+  KeptExit& operator=(const KeptExit& o);
+  KeptExit& operator=(KeptExit&& o) noexcept;
+  ~KeptExit() = default;
 
+  // The event (its strings valid while this object lives, unchanged).
+  const ExitEvent& view() const noexcept { return *this; }
   bool open_at_end() const noexcept { return end == ExitEnd::kOpenAtEnd; }
   bool stalled() const noexcept { return (flags & kExitFlagStalled) != 0; }
+
+ private:
+  void Own();  // copies what the views point at into the storage, and points them there
+  void Repoint() noexcept;  // points the views at the storage (after a move)
+  std::string reason_, device_, reg_, user_reason_;
 };
 
 // A dump exit in words: "exit MMIO write 4B to nvme0.SQ1TDBL (0xfebf1008)", "exit HLT".
@@ -90,24 +79,27 @@ struct InflightIo {
   uint64_t age_ns = 0;  // at the moment of the finding
 };
 
-// A watchdog finding kept past its sink call: every Finding field, the strings owned, and the
-// I/Os in flight at its time.
-struct KeptFinding {
-  uint64_t time_ns = 0;
-  FindingType type = FindingType::kStuckExitBegin;
-  uint32_t vcpu = 0;
-  uint64_t duration_ns = 0;
-  std::string device;
-  std::string reg;
-  uint64_t io_id = 0;
-  std::string text;
+// A watchdog finding kept past its sink call: the Finding itself with its strings (device,
+// reg, text) owned by this object, and the I/Os in flight at its time.
+struct KeptFinding : Finding {
   std::vector<InflightIo> in_flight;  // I/Os submitted and not completed at finding time,
                                       // as far as the device events still show them
 
   KeptFinding() = default;
   explicit KeptFinding(const Finding& f);
+  KeptFinding(const KeptFinding& o);
+  KeptFinding(KeptFinding&& o) noexcept;
+  KeptFinding& operator=(const KeptFinding& o);
+  KeptFinding& operator=(KeptFinding&& o) noexcept;
+  ~KeptFinding() = default;
+
   // The finding, its strings pointing into this object.
-  Finding view() const noexcept;
+  const Finding& view() const noexcept { return *this; }
+
+ private:
+  void Own();
+  void Repoint() noexcept;
+  std::string device_, reg_, text_;
 };
 
 }  // namespace exitscope::analysis

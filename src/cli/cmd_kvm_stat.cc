@@ -178,7 +178,7 @@ int RunBpf(StatRun& run, sources::bpf::BpfKvmStat& bpf) {
       for (const analysis::BpfKvmInFlight& f : rows.in_flight) {
         out += fmt::format("  VM {} vCPU {} (tid {}): {} {}{} inside for {:.3f} ms\n", f.exit.vm,
                            f.exit.vcpu, f.exit.tid, f.exit.reason, f.exit.key,
-                           f.exit.device.empty() ? "" : " (" + f.exit.device + ")",
+                           f.exit.device.empty() ? "" : fmt::format(" ({})", f.exit.device),
                            static_cast<double>(f.inside_ns) / 1e6);
       }
     }

@@ -134,7 +134,7 @@ void CounterTableText(std::string& out, const CounterTable& t) {
 }
 
 std::string FindingLine(const analysis::KeptFinding& f) {
-  return f.text.empty() ? std::string(ToString(f.type)) : f.text;
+  return std::string(f.text.empty() ? ToString(f.type) : f.text);
 }
 
 std::string RenderTable(const Dump& d, const ExitSummary& s, const ExitHealthOptions& o) {

@@ -161,7 +161,7 @@ void DumpSections(html::Page& p, const Dump& d, const ExitHealthOptions& o,
       tab.rows.push_back(
           {fmt::format("{:+.6f}",
                        (static_cast<double>(f.time_ns) - static_cast<double>(s.first_ns)) / 1e9),
-           f.text.empty() ? std::string(ToString(f.type)) : f.text, std::move(io)});
+           std::string(f.text.empty() ? ToString(f.type) : f.text), std::move(io)});
     }
     tables.blocks.push_back(std::move(tab));
   }

@@ -238,17 +238,19 @@ std::string_view CsvHeader() {
          "stderr_pct,p50_ns,p99_ns,p999_ns\n";
 }
 
+std::string CsvField(std::string_view s) {
+  if (s.find_first_of(",\"\n") == std::string_view::npos) return std::string(s);
+  std::string q = "\"";
+  for (char c : s) {
+    if (c == '"') q += '"';
+    q += c;
+  }
+  return q + "\"";
+}
+
 void AppendCsvRows(std::string& out, std::string_view scope, const analysis::ExitTable& g,
                    analysis::RowOrder order) {
-  const auto quote = [](std::string_view s) {
-    if (s.find_first_of(",\"\n") == std::string_view::npos) return std::string(s);
-    std::string q = "\"";
-    for (char c : s) {
-      if (c == '"') q += '"';
-      q += c;
-    }
-    return q + "\"";
-  };
+  const auto quote = CsvField;
   for (const KvmRow* r : analysis::SortedRows(g, order)) {
     const auto& s = r->stats;
     out += fmt::format("{},{},{},{},{},{},{:.4f},{},{:.4f},{},{},{:.1f},{:.4f},{},{},{}\n", scope,

@@ -50,6 +50,9 @@ std::string RenderKvmCsv(const analysis::KvmAnalysis& a, const KvmReportContext&
 // The CSV of rows, shared by every report (docs/json.md "CSV"): the header line, and one
 // line per row of `table` in `order`, its first column `scope` ("all", "vm", "kind", ...).
 std::string_view CsvHeader();
+// A CSV field: as it is, or quoted ("a,b" -> "\"a,b\"", quotes doubled) when it holds a comma,
+// a quote or a newline.
+std::string CsvField(std::string_view s);
 void AppendCsvRows(std::string& out, std::string_view scope, const analysis::ExitTable& table,
                    analysis::RowOrder order);
 

@@ -11,16 +11,6 @@
 namespace exitscope::report {
 namespace {
 
-std::string Quote(std::string_view s) {
-  if (s.find_first_of(",\"\n") == std::string_view::npos) return std::string(s);
-  std::string q = "\"";
-  for (char c : s) {
-    if (c == '"') q += '"';
-    q += c;
-  }
-  return q + "\"";
-}
-
 std::string HealthCsv(const HealthModel& h) {
   const analysis::ExitSummary s = analysis::Summarize(*h.dump, h.options.filter);
   std::string out(CsvHeader());
@@ -40,7 +30,7 @@ std::string JointCsv(const JointModel& j) {
   const analysis::JointGroups g = analysis::GroupJointExits(j.view->matched);
   const auto rows = [&out](std::string_view scope, const std::vector<analysis::JointGroup>& gs) {
     for (const analysis::JointGroup& r : gs) {
-      out += fmt::format("{},{},{}", scope, Quote(r.key), r.count);
+      out += fmt::format("{},{},{}", scope, CsvField(r.key), r.count);
       for (const analysis::JointPart* p : {&r.total, &r.before, &r.handler, &r.after, &r.off_cpu}) {
         out += fmt::format(",{},{},{}", p->p50_ns, p->p99_ns, p->sum_ns);
       }

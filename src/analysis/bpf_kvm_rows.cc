@@ -168,13 +168,7 @@ BpfKvmRows BuildBpfKvmRows(const BpfKvmSnapshot& snap, const BpfKvmRowOptions& o
     ++out.keys;
     const ExitEvent e = d.EventOf(s.key, vcpu_of(s.key));
     count_exit(e, s.stats.timed, s.stats.untimed);
-    sink.OnSamples(e, {.buckets = s.buckets,
-                       .timed = s.stats.timed,
-                       .sum = s.stats.sum,
-                       .min = s.stats.min,
-                       .max = s.stats.max,
-                       .sum_squares = s.sum_squares(),
-                       .untimed = s.stats.untimed});
+    sink.OnSamples(e, s.batch());
   }
 
   // What the threads hold, placed as KvmPairer::Finish() would.

@@ -26,8 +26,8 @@
 #include "CLI/CLI.hpp"
 #include "analysis/kvm_stats.h"
 #include "cli/commands.h"
+#include "cli/kernel_metrics.h"
 #include "cli/kvm_flags.h"
-#include "cli/kvm_live_metrics.h"
 #include "cli/parse_args.h"
 #include "exitscope/metrics.h"
 #include "fmt/format.h"
@@ -114,10 +114,10 @@ int KvmLiveMain(int argc, char** argv) {
     };
   }
   analysis::KvmAggregator agg(aopts);
-  std::unique_ptr<KvmLiveMetrics> metrics;  // a tee in front of the aggregator
+  std::unique_ptr<KernelMetrics> metrics;  // a tee in front of the aggregator
   if (!metrics_listen.empty()) {
-    auto m = KvmLiveMetrics::Start(metrics_listen, &agg, aopts.slow_ns, devices != nullptr);
-    if (!m) return ReportError(self, Error{m.error().code, "--" + m.error().message});  // --metrics
+    auto m = KernelMetrics::Start(metrics_listen, &agg, aopts.slow_ns, devices != nullptr);
+    if (!m) return ReportError(self, Error{m.error().code, "--" + m.error().message});
     metrics = std::move(*m);
     std::fprintf(stderr, "exitscope kvm live: metrics on http://%s/metrics\n",
                  metrics->address().c_str());

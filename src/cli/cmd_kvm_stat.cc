@@ -13,7 +13,7 @@
 // stops when CMD exits; else it runs for --duration S or until Ctrl-C. Without BPF (not built,
 // no BTF, no permission, no kvm tracepoints) it says so in one line and streams the same
 // tracepoints from tracefs instead, as `kvm live` does. --metrics serves the maps as
-// Prometheus metrics, read at each scrape (kvm_stat_metrics.h). docs/kvm-bpf.md.
+// Prometheus metrics, read at each scrape (kernel_metrics.h). docs/kvm-bpf.md.
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -33,9 +33,8 @@
 #include "analysis/kvm_stats.h"
 #include "cli/commands.h"
 #include "cli/gated_child.h"
+#include "cli/kernel_metrics.h"
 #include "cli/kvm_flags.h"
-#include "cli/kvm_live_metrics.h"
-#include "cli/kvm_stat_metrics.h"
 #include "cli/parse_args.h"
 #include "exitscope/metrics.h"
 #include "fmt/format.h"
@@ -186,9 +185,9 @@ int RunBpf(StatRun& run, sources::bpf::BpfKvmStat& bpf) {
     std::fflush(stdout);
   };
 
-  std::unique_ptr<KvmStatMetrics> metrics;  // reads the maps at each scrape
+  std::unique_ptr<KernelMetrics> metrics;  // reads the maps at each scrape
   if (!run.metrics_listen.empty()) {
-    auto m = KvmStatMetrics::Start(run.metrics_listen, &bpf, bo, run.popts.devices != nullptr);
+    auto m = KernelMetrics::StartBpf(run.metrics_listen, &bpf, bo, run.popts.devices != nullptr);
     if (!m) return ReportError(run.self, Error{m.error().code, "--" + m.error().message});
     metrics = std::move(*m);
     std::fprintf(stderr, "%s: metrics on http://%s/metrics\n", run.self,
@@ -243,9 +242,9 @@ int RunTracefs(StatRun& run) {
   sources::TracefsLiveSource& src = **opened;
 
   analysis::KvmAggregator agg(run.aopts);
-  std::unique_ptr<KvmLiveMetrics> metrics;  // a tee in front of the aggregator, as kvm live
+  std::unique_ptr<KernelMetrics> metrics;  // a tee in front of the aggregator, as kvm live
   if (!run.metrics_listen.empty()) {
-    auto m = KvmLiveMetrics::Start(run.metrics_listen, &agg, 0, run.popts.devices != nullptr);
+    auto m = KernelMetrics::Start(run.metrics_listen, &agg, 0, run.popts.devices != nullptr);
     if (!m) return ReportError(run.self, Error{m.error().code, "--" + m.error().message});
     metrics = std::move(*m);
     std::fprintf(stderr, "%s: metrics on http://%s/metrics\n", run.self,

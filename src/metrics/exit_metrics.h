@@ -1,6 +1,7 @@
 // metrics/exit_metrics.h: the exitscope metric families on one prometheus::Registry, with the
 // label bounds applied. Shared by the Recorder's exporter (metrics_exporter.cc) and
-// `exitscope kvm live --metrics` (cli/kvm_live_metrics.cc), so both expose the same names.
+// `exitscope kvm live` / `kvm stat --metrics` (cli/kernel_metrics.cc), so both expose the same
+// names.
 //
 // Not thread-safe by itself: one writer (the collector) at a time; the registry's own locks
 // make a concurrent scrape (Collect / Render) safe.

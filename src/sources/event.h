@@ -100,6 +100,11 @@ struct SampleBatch {
   uint64_t sum = 0, min = 0, max = 0;
   long double sum_squares = 0;
   uint64_t untimed = 0;
+  // Which of the source's aggregates this is (an eBPF map key's bytes), empty when it has no
+  // such identity. A source that reads the same aggregates again (each scrape of
+  // `kvm stat --bpf --metrics`) reports running totals under the same source_key: a sink that
+  // follows them over time (cli::KernelMetrics) adds only what a key gained.
+  std::string_view source_key;
 };
 
 // A device-side event: an I/O submitted or completed (matched by io_id), a full queue, a

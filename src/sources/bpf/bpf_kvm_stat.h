@@ -18,10 +18,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "exitscope/status.h"
+#include "sources/event.h"
 
 extern "C" {
 #include "sources/bpf/kvm_stat_abi.h"
@@ -74,6 +76,18 @@ struct BpfKvmSample {
   long double sum_squares() const noexcept {
     return static_cast<long double>(stats.sq_hi) * 18446744073709551616.0L +
            static_cast<long double>(stats.sq_lo);
+  }
+  // The samples as the event model's aggregate (EventSink::OnSamples), the key's bytes as its
+  // source_key. Views into this sample.
+  SampleBatch batch() const noexcept {
+    return {.buckets = buckets,
+            .timed = stats.timed,
+            .sum = stats.sum,
+            .min = stats.min,
+            .max = stats.max,
+            .sum_squares = sum_squares(),
+            .untimed = stats.untimed,
+            .source_key = std::string_view(reinterpret_cast<const char*>(&key), sizeof key)};
   }
 };
 

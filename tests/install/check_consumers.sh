@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# check_consumers.sh BUILD_DIR LIBDIR CC CXX GENERATOR: a VMM's build against an installed
+# check_consumers.sh BUILD_DIR LIBDIR CC CXX GENERATOR [SANITIZERS]: a VMM's build against an installed
 # exitscope, outside the source and build trees (docs/install.md). `cmake --install` into a
 # temporary prefix, then, against that prefix alone:
 #  - consumer_cxx: CMake, find_package(exitscope) -> exitscope::exitscope (libexitscope.so) and,
@@ -7,9 +7,13 @@
 #  - consumer_c: C11 with pkg-config (PKG_CONFIG_LIBDIR = the prefix's only), shared, and static
 #    with exitscope.pc's Libs.private;
 # each records one exit into a dump that the installed `exitscope inspect` reads.
-# Skips (77) with the reason printed only when cmake or pkg-config is missing.
+# In a sanitizer build (SANITIZERS = EXITSCOPE_SANITIZE, e.g. address,undefined) the installed
+# library is instrumented, so the consumers are built with the same -fsanitize, as a VMM
+# linking such a build would be. Skips (77) with the reason printed only when cmake or
+# pkg-config is missing.
 set -euo pipefail
-build=$1 libdir=$2 cc=$3 cxx=$4 gen=$5
+build=$1 libdir=$2 cc=$3 cxx=$4 gen=$5 sanitize=${6:-}
+san=${sanitize:+-fsanitize=$sanitize}
 src=$(cd "$(dirname "$0")" && pwd)
 for tool in cmake pkg-config; do
   command -v $tool >/dev/null || { echo "SKIP: $tool is not on PATH"; exit 77; }
@@ -26,7 +30,8 @@ inspect() {  # inspect DUMP: the installed tool reads it
 
 # C++ with find_package.
 cmake -S "$src/consumer_cxx" -B "$tmp/cxx" -G "$gen" -DCMAKE_CXX_COMPILER="$cxx" \
-  -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release >"$tmp/cxx.log" 2>&1 ||
+  -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS="$san" \
+  -DCMAKE_EXE_LINKER_FLAGS="$san" >"$tmp/cxx.log" 2>&1 ||
   { cat "$tmp/cxx.log"; exit 1; }
 grep -q "from $prefix/" "$tmp/cxx.log" || { cat "$tmp/cxx.log"; echo "exitscope not found in $prefix"; exit 1; }
 cmake --build "$tmp/cxx" >>"$tmp/cxx.log" 2>&1 || { cat "$tmp/cxx.log"; exit 1; }
@@ -51,14 +56,14 @@ export PKG_CONFIG_LIBDIR=$prefix/$libdir/pkgconfig PKG_CONFIG_PATH=
 cflags=$(pkg-config --cflags exitscope) libs=$(pkg-config --libs exitscope)
 private=$(pkg-config --static --libs exitscope | sed -E 's/(^| )-L[^ ]*//g; s/(^| )-lexitscope( |$)/ /')
 # shellcheck disable=SC2086
-"$cc" -std=c11 -Wall -Wextra -Werror -pedantic $cflags "$src/consumer_c/vmm.c" -o "$tmp/vmm_c" \
+"$cc" -std=c11 -Wall -Wextra -Werror -pedantic $san $cflags "$src/consumer_c/vmm.c" -o "$tmp/vmm_c" \
   $libs -Wl,-rpath,"$prefix/$libdir"
 ldd "$tmp/vmm_c" | grep -q "libexitscope.so.* => $prefix/" ||
   { ldd "$tmp/vmm_c"; echo "vmm_c does not load the prefix's libexitscope.so"; exit 1; }
 "$tmp/vmm_c" "$tmp/c.esdump"
 inspect "$tmp/c.esdump"
 # shellcheck disable=SC2086
-"$cc" -std=c11 -Wall -Wextra -Werror -pedantic $cflags "$src/consumer_c/vmm.c" \
+"$cc" -std=c11 -Wall -Wextra -Werror -pedantic $san $cflags "$src/consumer_c/vmm.c" \
   -o "$tmp/vmm_c_static" -L"$prefix/$libdir" -l:libexitscope.a $private
 "$tmp/vmm_c_static" "$tmp/c-static.esdump"
 inspect "$tmp/c-static.esdump"

@@ -14,6 +14,7 @@
 
 #include "base/histogram.h"
 #include "exitscope/clock.h"
+#include "sources/dump_source.h"
 #include "sources/kvm_device_map.h"
 #include "sources/kvm_input.h"
 #include "sources/kvm_pairing.h"
@@ -51,10 +52,11 @@ std::string DirName(AccessDir d) {
   return d == AccessDir::kNone ? std::string() : std::string(ToString(d));
 }
 
-std::string DescribeVmm(const Dump& dump, const DumpExit& d) {
+std::string DescribeVmm(const ExitEvent& d) {
   std::string s(ToString(d.kind));
-  const std::string dev = dump.DeviceName(d.device), reg = dump.RegisterName(d);
-  if (!dev.empty()) s += " " + dev + (reg.empty() ? "" : "." + reg);
+  if (!d.device.empty()) {
+    s += " " + std::string(d.device) + (d.reg.empty() ? "" : "." + std::string(d.reg));
+  }
   if (d.dir != AccessDir::kNone) s += " " + DirName(d.dir);
   return s;
 }
@@ -148,9 +150,27 @@ std::string_view ToString(JointMapping m) noexcept {
   return "?";
 }
 
-Result<JointView> BuildJointView(const Dump& dump, const std::vector<ExitEvent>& kernel,
-                                 const std::string& trace_clock, const JointOptions& opts,
-                                 const std::vector<SchedSwitch>* sched) {
+JointBuilder::JointBuilder(const ClockCalibration& vmm_clock, JointOptions opts)
+    : clock_(vmm_clock), opts_(opts) {}
+
+void JointBuilder::VmmSink::OnExit(const ExitEvent& e) {
+  if (e.side != Side::kVmm) return;
+  VmmVcpu& v = b_->vcpus_[e.vcpu];
+  if (e.end == ExitEnd::kOpenAtEnd) {
+    v.in_progress = true;
+    v.in_progress_start_ns = e.start_ns;
+  } else if (e.end == ExitEnd::kSeen) {
+    v.exits.emplace_back(e);
+  }
+}
+
+void JointBuilder::KernelSink::OnExit(const ExitEvent& e) {
+  if (!e.userspace || e.kernel_access || e.end == ExitEnd::kNotTraced) return;
+  b_->kernel_exits_.emplace_back(e);
+}
+
+Result<JointView> JointBuilder::Finish(const std::string& trace_clock) {
+  const JointOptions& opts = opts_;
   if (trace_clock != "x86-tsc") {
     return Fail(ErrorCode::kInvalidArgument,
                 fmt::format("the trace's clock is '{}', not x86-tsc: its timestamps cannot be "
@@ -158,27 +178,29 @@ Result<JointView> BuildJointView(const Dump& dump, const std::vector<ExitEvent>&
                             "`exitscope kvm record` does)",
                             trace_clock.empty() ? "unknown" : trace_clock));
   }
-  if (dump.clock.source != ClockSource::kTsc || dump.clock.tsc_hz == 0) {
+  if (clock_.source != ClockSource::kTsc || clock_.tsc_hz == 0) {
     return Fail(ErrorCode::kInvalidArgument,
                 "the dump's clock is CLOCK_MONOTONIC, not the TSC: its exits cannot be "
                 "aligned with the trace's x86-tsc timestamps");
   }
-  const Clock clock = Clock::FromCalibration(dump.clock);
+  const Clock clock = Clock::FromCalibration(clock_);
   const uint64_t tol = opts.tolerance_ns;
   JointView view;
-  view.tsc_hz = dump.clock.tsc_hz;
+  view.tsc_hz = clock_.tsc_hz;
   OffCpuByThread off_cpu;
-  if (sched != nullptr && !sched->empty()) {
+  if (!sched_.empty()) {
+    // Records come per CPU, merged in time order: a thread's switches are then in order.
+    std::stable_sort(sched_.begin(), sched_.end(),
+                     [](const SchedSwitch& a, const SchedSwitch& b) { return a.ts < b.ts; });
     view.sched_recorded = true;
-    view.sched_switches = sched->size();
-    off_cpu = BuildOffCpu(*sched, clock);
+    view.sched_switches = sched_.size();
+    off_cpu = BuildOffCpu(sched_, clock);
   }
 
   // The kernel's userspace exits, per thread, in the dump's nanoseconds.
   Threads threads;
   uint64_t k_lo = kOpen, k_hi = 0;
-  for (const ExitEvent& e : kernel) {
-    if (!e.userspace || e.kernel_access || e.end == ExitEnd::kNotTraced) continue;
+  for (const ExitEvent& e : kernel_exits_) {
     KernelExit k;
     k.start = clock.ToMonotonicNs(e.start_ns);
     if (e.end == ExitEnd::kSeen) k.end = clock.ToMonotonicNs(e.start_ns + e.duration_ns);
@@ -193,8 +215,8 @@ Result<JointView> BuildJointView(const Dump& dump, const std::vector<ExitEvent>&
                      [](const KernelExit& a, const KernelExit& b) { return a.start < b.start; });
   }
   uint64_t d_lo = kOpen, d_hi = 0;
-  for (const DumpVcpu& v : dump.vcpus) {
-    for (const DumpExit& d : v.exits) {
+  for (const auto& [vcpu, v] : vcpus_) {
+    for (const ExitEvent& d : v.exits) {
       ++view.vmm_exits;
       d_lo = std::min(d_lo, d.start_ns);
       d_hi = std::max(d_hi, d.start_ns + d.duration_ns);
@@ -218,8 +240,8 @@ Result<JointView> BuildJointView(const Dump& dump, const std::vector<ExitEvent>&
 
   // Which thread runs which vCPU: the vote of the VMM exits that one thread alone contains.
   std::map<uint32_t, std::map<uint32_t, uint64_t>> votes;
-  for (const DumpVcpu& v : dump.vcpus) {
-    for (const DumpExit& d : v.exits) {
+  for (const auto& [vcpu, v] : vcpus_) {
+    for (const ExitEvent& d : v.exits) {
       uint32_t only = 0;
       int n = 0;
       for (auto& [tid, exits] : threads) {
@@ -228,7 +250,7 @@ Result<JointView> BuildJointView(const Dump& dump, const std::vector<ExitEvent>&
           ++n;
         }
       }
-      if (n == 1) ++votes[v.vcpu][only];
+      if (n == 1) ++votes[vcpu][only];
     }
   }
   std::vector<std::tuple<uint64_t, uint32_t, uint32_t>> ballots;  // votes, vcpu, tid
@@ -263,11 +285,11 @@ Result<JointView> BuildJointView(const Dump& dump, const std::vector<ExitEvent>&
 
   // Match, per vCPU, in time order.
   std::vector<int64_t> offsets;
-  for (const DumpVcpu& v : dump.vcpus) {
-    auto mapped = tid_of_vcpu.find(v.vcpu);
-    for (const DumpExit& d : v.exits) {
+  for (const auto& [vcpu, v] : vcpus_) {
+    auto mapped = tid_of_vcpu.find(vcpu);
+    for (const ExitEvent& d : v.exits) {
       const uint64_t hs = d.start_ns, he = d.start_ns + d.duration_ns;
-      JointUnmatched u{v.vcpu, 0, hs, d.duration_ns, DescribeVmm(dump, d), ""};
+      JointUnmatched u{vcpu, 0, hs, d.duration_ns, DescribeVmm(d), ""};
       if (mapped == tid_of_vcpu.end()) {
         u.reason = kReasonUnmappedVcpu;
         view.unmatched_vmm.push_back(std::move(u));
@@ -295,7 +317,7 @@ Result<JointView> BuildJointView(const Dump& dump, const std::vector<ExitEvent>&
       }
       k->used = true;
       JointExit j;
-      j.vcpu = v.vcpu;
+      j.vcpu = vcpu;
       j.tid = mapped->second;
       j.kernel_start_ns = k->start;
       j.kernel_ns = k->end - k->start;
@@ -319,8 +341,8 @@ Result<JointView> BuildJointView(const Dump& dump, const std::vector<ExitEvent>&
         if (ov != nullptr) j.off_cpu_spans = OffCpuSpans(*ov, k->start, k->end);
       }
       j.kind = std::string(ToString(d.kind));
-      j.device = dump.DeviceName(d.device);
-      j.reg = dump.RegisterName(d);
+      j.device = std::string(d.device);
+      j.reg = std::string(d.reg);
       j.dir = DirName(d.dir);
       j.kernel_reason = std::string(k->e->user_reason);
       offsets.push_back(j.offset_ns);
@@ -332,19 +354,25 @@ Result<JointView> BuildJointView(const Dump& dump, const std::vector<ExitEvent>&
   });
 
   // Kernel exits nobody matched, each with its reason.
-  std::map<uint32_t, const DumpVcpu*> vcpu_of_tid;
-  for (const DumpVcpu& v : dump.vcpus) {
-    if (auto it = tid_of_vcpu.find(v.vcpu); it != tid_of_vcpu.end()) vcpu_of_tid[it->second] = &v;
+  std::map<uint32_t, std::pair<uint32_t, const VmmVcpu*>> vcpu_of_tid;  // tid -> vCPU
+  for (const auto& [vcpu, v] : vcpus_) {
+    if (auto it = tid_of_vcpu.find(vcpu); it != tid_of_vcpu.end()) {
+      vcpu_of_tid[it->second] = {vcpu, &v};
+    }
   }
   for (auto& [tid, exits] : threads) {
     const auto vit = vcpu_of_tid.find(tid);
-    const DumpVcpu* v = vit == vcpu_of_tid.end() ? nullptr : vit->second;
+    const VmmVcpu* v = vit == vcpu_of_tid.end() ? nullptr : vit->second.second;
     for (const KernelExit& k : exits) {
       if (k.used) continue;
-      JointUnmatched u{v ? v->vcpu : k.e->vcpu, tid, k.start, k.end == kOpen ? 0 : k.end - k.start,
-                       DescribeKernel(*k.e),    ""};
-      const bool has_progress = v && v->in_progress && v->in_progress->start_ns + tol >= k.start &&
-                                (k.end == kOpen || v->in_progress->start_ns <= k.end + tol);
+      JointUnmatched u{v ? vit->second.first : k.e->vcpu,
+                       tid,
+                       k.start,
+                       k.end == kOpen ? 0 : k.end - k.start,
+                       DescribeKernel(*k.e),
+                       ""};
+      const bool has_progress = v && v->in_progress && v->in_progress_start_ns + tol >= k.start &&
+                                (k.end == kOpen || v->in_progress_start_ns <= k.end + tol);
       if (v == nullptr) {
         u.reason = kReasonUnmappedThread;
       } else if (has_progress) {
@@ -384,55 +412,66 @@ Result<JointView> BuildJointView(const Dump& dump, const std::vector<ExitEvent>&
   return view;
 }
 
-namespace {
-class CollectingSink : public EventSink {
- public:
-  void OnExit(const ExitEvent& e) override {
-    if (e.userspace && !e.kernel_access) events.push_back(e);
+Result<JointView> BuildJointView(const Dump& dump, const std::vector<ExitEvent>& kernel,
+                                 const std::string& trace_clock, const JointOptions& opts,
+                                 const std::vector<SchedSwitch>* sched) {
+  JointBuilder b(dump.clock, opts);
+  sources::DumpSource(dump).Emit(b.vmm());
+  for (const ExitEvent& e : kernel) b.kernel()->OnExit(e);
+  if (sched != nullptr) {
+    for (const SchedSwitch& s : *sched) b.OnSchedSwitch(s);
   }
-  std::vector<ExitEvent> events;
-};
-}  // namespace
+  return b.Finish(trace_clock);
+}
 
-Result<JointView> BuildJointViewFromTrace(const Dump& dump, const std::string& dump_path,
-                                          const std::string& trace_path, const JointOptions& opts) {
-  auto devices = sources::KvmDeviceMap::LoadDump(dump_path);
-  if (!devices) return Propagate(devices);
-  // The dump's TSC frequency: never this host's (the trace's ticks are the dump host's).
-  // Identity clock: start_ns / duration_ns stay in the trace's ticks.
+sources::SourceOptions JointTraceOptions(const Dump& dump, const sources::KvmDeviceMap* devices) {
   sources::SourceOptions so;
   so.input.tsc_khz = dump.clock.tsc_hz ? (dump.clock.tsc_hz + 500) / 1000 : 1;
-  so.raw_clock = true;
-  so.pairer.devices = devices->get();
-  std::vector<SchedSwitch> sched;
-  so.record_observer = [](const sources::KvmRecord& r, void* ctx) {
-    if (r.type != sources::KvmEventType::kSchedSwitch) return;
-    // prev_state with no state bit set (the low byte) is TASK_RUNNING: preempted.
-    static_cast<std::vector<SchedSwitch>*>(ctx)->push_back({r.ts, static_cast<uint32_t>(r.prev_tid),
-                                                            static_cast<uint32_t>(r.next_tid),
-                                                            (r.prev_state & 0xff) == 0});
-  };
-  so.observer_ctx = &sched;
-  auto in = sources::OpenKernelTrace(trace_path, so);
-  if (!in) return Propagate(in);
-  CollectingSink sink;
-  if (Status s = (*in)->Run(&sink); !s) return Propagate(s);
-  // Run ends with the pairer's Finish(): exits left open are emitted as kOpenAtEnd.
-  // Records come in time order (per CPU, merged): a thread's switches are in order.
-  std::stable_sort(sched.begin(), sched.end(),
-                   [](const SchedSwitch& a, const SchedSwitch& b) { return a.ts < b.ts; });
-  auto view = BuildJointView(dump, sink.events, (*in)->info().clock, opts, &sched);
-  if (!view) {
-    return Fail(view.error().code,
-                fmt::format("{} + {}: {}", dump_path, trace_path, view.error().message));
+  so.raw_clock = true;  // start_ns / duration_ns stay in the trace's ticks
+  so.pairer.devices = devices;
+  return so;
+}
+
+Result<JointView> BuildJointView(sources::Source& vmm, sources::Source& kernel,
+                                 const JointOptions& opts) {
+  const std::string names = fmt::format("{} + {}", vmm.info().name, kernel.info().name);
+  const Dump* dump = vmm.dump();
+  if (dump == nullptr || kernel.dump() != nullptr) {
+    return Fail(ErrorCode::kInvalidArgument,
+                fmt::format("{}: the joint view needs a recorder dump and a kernel trace", names));
   }
-  view->trace_format = (*in)->info().format;
-  view->kernel_lost_events = (*in)->pairing()->lost_events;
+  JointBuilder b(dump->clock, opts);
+  kernel.ObserveRecords(
+      [](const sources::KvmRecord& r, void* ctx) {
+        if (r.type != sources::KvmEventType::kSchedSwitch) return;
+        // prev_state with no state bit set (the low byte) is TASK_RUNNING: preempted.
+        static_cast<JointBuilder*>(ctx)->OnSchedSwitch({r.ts, static_cast<uint32_t>(r.prev_tid),
+                                                        static_cast<uint32_t>(r.next_tid),
+                                                        (r.prev_state & 0xff) == 0});
+      },
+      &b);
+  if (Status s = vmm.Run(b.vmm()); !s) return Propagate(s);
+  // Run ends with the pairer's Finish(): exits left open are emitted as kOpenAtEnd.
+  if (Status s = kernel.Run(b.kernel()); !s) return Propagate(s);
+  auto view = b.Finish(kernel.info().clock);
+  if (!view) return Fail(view.error().code, fmt::format("{}: {}", names, view.error().message));
+  view->trace_format = kernel.info().format;
+  view->kernel_lost_events = kernel.pairing() ? kernel.pairing()->lost_events : 0;
   if (view->kernel_lost_events != 0) {
     view->warnings.push_back(
         fmt::format("the trace lost {} records (ring buffer overruns)", view->kernel_lost_events));
   }
   return view;
+}
+
+Result<JointView> BuildJointViewFromTrace(const Dump& dump, const std::string& dump_path,
+                                          const std::string& trace_path, const JointOptions& opts) {
+  auto devices = sources::KvmDeviceMap::LoadDump(dump_path);
+  if (!devices) return Propagate(devices);
+  auto trace = sources::OpenKernelTrace(trace_path, JointTraceOptions(dump, devices->get()));
+  if (!trace) return Propagate(trace);
+  auto vmm = sources::DumpAsSource(dump, dump_path);
+  return BuildJointView(*vmm, **trace, opts);
 }
 
 JointGroups GroupJointExits(const std::vector<JointExit>& exits) {

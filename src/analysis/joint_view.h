@@ -1,10 +1,11 @@
 // analysis/joint_view.h: one exit as the kernel and the VMM saw it (docs/joint.md).
 //
-// Input: a recorder dump (exits per vCPU, CLOCK_MONOTONIC ns converted from the TSC with the
-// calibration the dump stores) and the userspace exits a KvmPairer emitted from a kernel
-// trace recorded with trace_clock x86-tsc, their times left in raw TSC ticks (pair with the
-// identity ClockScale). Both clocks are the same host's TSC, so the trace's ticks are
-// converted with the dump's calibration (its frequency and its tick/ns base), never with
+// Input: two event streams (JointBuilder), the exits of a recorder dump's source (per vCPU,
+// CLOCK_MONOTONIC ns converted from the TSC with the calibration the dump stores) and the
+// userspace exits a KvmPairer emitted from a kernel trace recorded with trace_clock x86-tsc, their
+// times left in raw TSC ticks (pair with the identity ClockScale). Both clocks are the same host's
+// TSC, so the trace's ticks are converted with the dump's calibration (its frequency and its
+// tick/ns base), never with
 // --tsc-mhz or this host's frequency.
 //
 // Matching: each dump vCPU is given the kernel thread whose userspace exits contain most of
@@ -32,12 +33,16 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "analysis/kept_event.h"
 #include "exitscope/dump.h"
 #include "exitscope/status.h"
 #include "sources/event.h"
+#include "sources/kvm_device_map.h"
+#include "sources/source.h"
 
 namespace exitscope::analysis {
 
@@ -153,20 +158,93 @@ struct SchedSwitch {
   bool prev_runnable = false;  // prev was preempted (state R), not sleeping or blocked
 };
 
-// Builds the joint view. `kernel` holds the pairer's events with times in raw x86-tsc ticks
-// (kernel accesses and non-userspace exits are ignored); `trace_clock` is the capture's
-// clock name; `sched` the trace's sched_switch records in time order, or null when it
-// recorded none. Errors: kInvalidArgument with a one-line message (see the file comment).
-Result<JointView> BuildJointView(const Dump& dump, const std::vector<ExitEvent>& kernel,
-                                 const std::string& trace_clock, const JointOptions& opts = {},
-                                 const std::vector<SchedSwitch>* sched = nullptr);
+// The joint view built from two event streams (sources/source.h), the way every analysis
+// consumes a source: feed the VMM's exits (a recorder dump's source: Side::kVmm, CLOCK_MONOTONIC
+// ns, the exit a vCPU was inside at snapshot time with ExitEnd::kOpenAtEnd) to vmm(), the
+// kernel's (a KvmPairer over a trace opened with JointTraceOptions: raw x86-tsc ticks) to
+// kernel(), the trace's sched_switch records to OnSchedSwitch, then Finish. Every event is
+// kept (owned) until Finish: matching needs both sides whole.
+//
+//   JointBuilder b(dump.clock);
+//   dump_source.Run(b.vmm());
+//   trace.ObserveRecords(&ObserveSched, &b);  // sched_switch, when the trace has them
+//   trace.Run(b.kernel());
+//   Result<JointView> view = b.Finish(trace.info().clock);
+class JointBuilder {
+ public:
+  // `vmm_clock`: the calibration the VMM side's times were taken with (the dump's clock).
+  explicit JointBuilder(const ClockCalibration& vmm_clock, JointOptions opts = {});
+  JointBuilder(const JointBuilder&) = delete;
+  JointBuilder& operator=(const JointBuilder&) = delete;
 
-// Reads `trace_path` (any format KvmInput reads), pairs it with the identity clock (times
-// stay in ticks) and the dump's device map, and builds the joint view. `dump_path` is the
-// file `dump` was read from (for its device map). Errors name the file.
+  // The VMM side: exits of Side::kVmm (device events, findings and kernel events ignored).
+  EventSink* vmm() noexcept { return &vmm_; }
+  // The kernel side: the userspace exits of a pairer (accesses handled in the kernel, exits
+  // that never reached the VMM and exits with no traced end are ignored).
+  EventSink* kernel() noexcept { return &kernel_; }
+  // One sched:sched_switch of the trace (any order; Finish sorts them by time).
+  void OnSchedSwitch(const SchedSwitch& s) { sched_.push_back(s); }
+
+  // Matches what was fed. `trace_clock` is the kernel capture's clock name. Errors:
+  // kInvalidArgument with a one-line message (see the file comment).
+  Result<JointView> Finish(const std::string& trace_clock);
+
+ private:
+  struct VmmVcpu {
+    std::vector<KeptExit> exits;  // completed, in the dump's order
+    bool in_progress = false;     // the vCPU was inside an exit when the dump was taken
+    uint64_t in_progress_start_ns = 0;
+  };
+  class VmmSink final : public EventSink {
+   public:
+    explicit VmmSink(JointBuilder* b) : b_(b) {}
+    void OnExit(const ExitEvent& e) override;
+
+   private:
+    JointBuilder* b_;
+  };
+  class KernelSink final : public EventSink {
+   public:
+    explicit KernelSink(JointBuilder* b) : b_(b) {}
+    void OnExit(const ExitEvent& e) override;
+
+   private:
+    JointBuilder* b_;
+  };
+
+  ClockCalibration clock_;
+  JointOptions opts_;
+  VmmSink vmm_{this};
+  KernelSink kernel_{this};
+  std::map<uint32_t, VmmVcpu> vcpus_;  // by vCPU index
+  std::vector<KeptExit> kernel_exits_;
+  std::vector<SchedSwitch> sched_;
+};
+
+// The options a kernel trace is opened with for a joint view with `dump`: the dump's TSC
+// frequency (never this host's: the trace's ticks are the dump host's), times kept in raw
+// ticks (the builder converts them with the dump's calibration), the dump's device map
+// (`devices`, may be null; it must outlive the source's Run).
+sources::SourceOptions JointTraceOptions(const Dump& dump, const sources::KvmDeviceMap* devices);
+
+// Runs both sources into a JointBuilder: `vmm` a recorder dump's source, `kernel` a trace
+// opened with JointTraceOptions (its sched_switch records observed). Sets the view's
+// trace_format and kernel_lost_events. Errors name both sources.
+Result<JointView> BuildJointView(sources::Source& vmm, sources::Source& kernel,
+                                 const JointOptions& opts = {});
+
+// Opens `trace_path` (any format KvmInput reads) with JointTraceOptions (the device map read
+// from `dump_path`, the file `dump` was read from), and builds the joint view of the two.
 Result<JointView> BuildJointViewFromTrace(const Dump& dump, const std::string& dump_path,
                                           const std::string& trace_path,
                                           const JointOptions& opts = {});
+
+// A dump in memory and kernel events already collected (tests): the dump's exits through its
+// DumpSource, `kernel` (times in raw x86-tsc ticks) and `sched` (null: none recorded) fed to
+// a JointBuilder.
+Result<JointView> BuildJointView(const Dump& dump, const std::vector<ExitEvent>& kernel,
+                                 const std::string& trace_clock, const JointOptions& opts = {},
+                                 const std::vector<SchedSwitch>* sched = nullptr);
 
 // Per-group aggregation of the matched exits: count and p50 / p99 of each part.
 struct JointPart {

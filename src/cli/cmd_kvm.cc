@@ -116,7 +116,6 @@ int ReportMain(int argc, char** argv) {
   sopts.input.tsc_khz = static_cast<uint64_t>(tsc_mhz * 1000.0 + 0.5);
   run.pid = flags.pid;
   run.vcpu = flags.vcpu;
-  run.device_map = flags.device_map;
   auto src = sources::OpenSource(input, sopts);
   if (!src) return ReportError(self, src.error());
   return RenderKvmReport(run, **src);

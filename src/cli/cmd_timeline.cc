@@ -18,12 +18,14 @@
 #include "analysis/joint_view.h"
 #include "cli/commands.h"
 #include "cli/parse_args.h"
+#include "cli/report_pipeline.h"
 #include "exitscope/clock.h"
 #include "exitscope/dump.h"
 #include "report/timeline.h"
 #include "sources/dump_source.h"
 #include "sources/input_format.h"
 #include "sources/kvm_device_map.h"
+#include "sources/source.h"
 
 namespace exitscope::cli {
 namespace {
@@ -134,19 +136,33 @@ int TimelineMain(int argc, char** argv) {
   } else if (slow_only) {
     return UsageError(kSelf, "--slow-only: needs a dump (its slow-exit threshold); use --min-us");
   }
-  report::TimelineInputs tin;
-  tin.dump = dump ? &*dump : nullptr;
-  tin.dump_path = dump_path;
-  tin.trace_path = trace_path;
-  tin.device_map = device_map;
   if (!device_map.empty() && (dump_path.empty() == trace_path.empty())) {
     return UsageError(kSelf, "--device-map: only with a trace alone (a dump names its own)");
   }
-  Result<analysis::JointView> view = Fail(ErrorCode::kNotFound, "no joint view");
-  if (dump && !trace_path.empty()) {  // the joint view: the analysis, before the renderer
-    view = analysis::BuildJointViewFromTrace(*dump, dump_path, trace_path);
-    if (!view) return ReportError(kSelf, view.error());
-    tin.joint = &*view;
+  // Open the sources, build the analysis (the joint view), then replay into the renderer.
+  report::TimelineInputs tin;
+  tin.dump = dump ? &*dump : nullptr;
+  tin.dump_path = dump_path;
+  Result<JointInputs> joint = Fail(ErrorCode::kNotFound, "no joint view");
+  std::unique_ptr<sources::KvmDeviceMap> devices;
+  std::unique_ptr<sources::Source> trace;
+  if (dump && !trace_path.empty()) {
+    joint = OpenJoint(*dump, dump_path, trace_path, /*replay=*/true);
+    if (!joint) return ReportError(kSelf, joint.error());
+    tin.joint = &joint->view;
+    tin.trace = joint->replay.get();
+  } else if (!trace_path.empty()) {
+    sources::SourceOptions sopts;
+    if (!device_map.empty()) {
+      auto d = sources::KvmDeviceMap::Load(device_map);
+      if (!d) return ReportError(kSelf, d.error());
+      devices = std::move(*d);
+      sopts.pairer.devices = devices.get();
+    }
+    auto t = sources::OpenKernelTrace(trace_path, sopts);
+    if (!t) return ReportError(kSelf, t.error());
+    trace = std::move(*t);
+    tin.trace = trace.get();
   }
   auto stats = report::WriteTimeline(tin, opts, out_path);
   if (!stats) return ReportError(kSelf, stats.error());

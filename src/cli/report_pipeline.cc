@@ -52,16 +52,17 @@ int RenderKvmReport(KvmReportRun& run, sources::Source& src) {
   const bool html = format == "html";
   if (format == "timeline") {
     // The timeline draws every exit of the source as it is replayed: no aggregation needed.
+    // The source as opened (--tsc-mhz, --isa, --device-map), filtered as the analysis is.
     report::ReportModel m;
-    const sources::SourceInfo& info = src.info();
     if (const Dump* d = src.dump()) {
       m.timeline.dump = d;
-      m.timeline.dump_path = info.name;
+      m.timeline.dump_path = src.info().name;
     } else {
-      m.timeline.trace_path = info.name;
-      m.timeline.device_map = run.device_map;
+      m.timeline.trace = &src;
     }
     m.timeline_options = run.timeline;
+    m.timeline_options.only_vcpu = run.vcpu;
+    m.timeline_options.only_pid = run.pid;
     if (Status s = report::WriteReport(*run.renderer, m, run.output); !s)
       return ReportError(run.self, s.error());
     return 0;
@@ -96,21 +97,42 @@ int RenderKvmReport(KvmReportRun& run, sources::Source& src) {
   return 0;
 }
 
+Result<JointInputs> OpenJoint(const Dump& dump, const std::string& dump_path,
+                              const std::string& trace_path, bool replay) {
+  JointInputs j;
+  auto devices = sources::KvmDeviceMap::LoadDump(dump_path);
+  if (!devices) return Propagate(devices);
+  j.devices = std::move(*devices);
+  const sources::SourceOptions sopts = analysis::JointTraceOptions(dump, j.devices.get());
+  auto trace = sources::OpenKernelTrace(trace_path, sopts);
+  if (!trace) return Propagate(trace);
+  auto vmm = sources::DumpAsSource(dump, dump_path);
+  auto view = analysis::BuildJointView(*vmm, **trace);
+  if (!view) return Propagate(view);
+  j.view = std::move(*view);
+  if (replay) {  // a source runs once: the timeline replays the trace from a second one
+    auto again = sources::OpenKernelTrace(trace_path, sopts);
+    if (!again) return Propagate(again);
+    j.replay = std::move(*again);
+  }
+  return j;
+}
+
 int RenderJointReport(const char* self, const report::Renderer& r, const Dump& dump,
                       const std::string& dump_path, const std::string& trace_path, size_t rows,
                       const std::string& output) {
-  auto view = analysis::BuildJointViewFromTrace(dump, dump_path, trace_path);
-  if (!view) return ReportError(self, view.error());
+  auto in = OpenJoint(dump, dump_path, trace_path, r.name == std::string_view("timeline"));
+  if (!in) return ReportError(self, in.error());
   report::JointModel j;
   j.dump = &dump;
-  j.view = &*view;
+  j.view = &in->view;
   j.options.dump = dump_path;
   j.options.trace = trace_path;
   j.options.rows = rows;
   report::ReportModel m{.joint = &j};
   m.timeline.dump = &dump;
   m.timeline.dump_path = dump_path;
-  m.timeline.trace_path = trace_path;
+  m.timeline.trace = in->replay.get();
   if (Status s = report::WriteReport(r, m, output); !s) return ReportError(self, s.error());
   return 0;
 }

@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
+#include "analysis/joint_view.h"
 #include "analysis/kvm_stats.h"
 #include "exitscope/dump.h"
 #include "report/kvm_report.h"
@@ -22,7 +24,6 @@ struct KvmReportRun {
   report::KvmRenderOptions render{};
   int64_t pid = -1, vcpu = -1;
   report::TimelineOptions timeline{};
-  std::string device_map;  // the --device-map file (timeline)
 };
 
 // The format --format names, for a command that writes a file (every format) or refreshes
@@ -35,6 +36,17 @@ const report::Renderer* PickRenderer(const char* self, const std::string& format
 // as they come in table format (stderr in csv), kept for json, marked in html. Returns the
 // process exit status.
 int RenderKvmReport(KvmReportRun& run, sources::Source& src);
+
+// The joint view of `dump` (read from dump_path) and the kernel trace `trace_path`: the trace
+// opened with analysis::JointTraceOptions and both sources run into the joint view; with
+// `replay`, the trace opened again (not yet run) for a renderer that replays it (timeline).
+struct JointInputs {
+  std::unique_ptr<sources::KvmDeviceMap> devices;  // the dump's, used by both trace sources
+  analysis::JointView view;
+  std::unique_ptr<sources::Source> replay;  // null without `replay`
+};
+Result<JointInputs> OpenJoint(const Dump& dump, const std::string& dump_path,
+                              const std::string& trace_path, bool replay);
 
 // Builds the joint view of `dump` (read from dump_path) and the kernel trace `trace_path` and
 // renders it. Returns the process exit status.

@@ -3,14 +3,12 @@
 
 #include <fmt/format.h>
 
-#include <array>
-
 #include "base/output_file.h"
 
 namespace exitscope::report {
 namespace {
 
-constexpr std::array<const Renderer*, 5> kRenderers = {
+constexpr const Renderer* kRenderers[] = {
     &kTableRenderer, &kJsonRenderer, &kCsvRenderer, &kHtmlRenderer, &kTimelineRenderer,
 };
 

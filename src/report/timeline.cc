@@ -16,7 +16,6 @@
 #include "base/text.h"
 #include "exitscope/clock.h"
 #include "sources/dump_source.h"
-#include "sources/kvm_device_map.h"
 #include "sources/kvm_input.h"
 #include "sources/kvm_pairing.h"
 #include "sources/source.h"
@@ -237,7 +236,16 @@ uint64_t TimelineWriter::Clamp(Track& t, uint64_t* start, uint64_t* dur) {
   return clamped;
 }
 
+bool TimelineWriter::Selected(const ExitEvent& e) const noexcept {
+  return !(opts_.only_vcpu >= 0 && e.vcpu != opts_.only_vcpu) &&
+         !(opts_.only_pid >= 0 && e.vm != opts_.only_pid && e.tid != opts_.only_pid);
+}
+
 void TimelineWriter::OnExit(const ExitEvent& e) {
+  if (!Selected(e)) {
+    ++stats_.left_out;
+    return;
+  }
   if (joint_ != nullptr) {
     const auto it = by_handler_.find({e.vcpu, e.start_ns});
     kept_.push_back({e, false, it != by_handler_.end() ? it->second->kernel_start_ns : e.start_ns});
@@ -247,6 +255,10 @@ void TimelineWriter::OnExit(const ExitEvent& e) {
 }
 
 void TimelineWriter::OnKernelExit(const ExitEvent& e) {
+  if (!Selected(e)) {
+    ++stats_.left_out;
+    return;
+  }
   if (e.kernel_access || e.end != ExitEnd::kSeen) {
     ++stats_.not_drawn;
     return;
@@ -642,7 +654,7 @@ Result<TimelineStats> WriteTimeline(const TimelineInputs& in, TimelineOptions o,
     o.other_data.push_back(
         {"slow_exit_threshold_ns", std::to_string(dump->slow_exit_threshold_ns)});
   }
-  if (in.trace_path.empty()) {  // a dump alone
+  if (in.trace == nullptr) {  // a dump alone
     if (dump == nullptr) return Fail(ErrorCode::kInvalidArgument, "no input");
     auto out = Create(out_path);
     if (!out) return Propagate(out);
@@ -658,42 +670,27 @@ Result<TimelineStats> WriteTimeline(const TimelineInputs& in, TimelineOptions o,
     return w.stats();
   }
 
-  sources::SourceOptions sopts;
-  std::unique_ptr<sources::KvmDeviceMap> devices;
-  if (dump != nullptr) {
-    if (in.joint == nullptr) {
-      return Fail(ErrorCode::kInvalidArgument, "a dump and a trace: the joint view is missing");
-    }
-    auto d = sources::KvmDeviceMap::LoadDump(in.dump_path);
-    if (!d) return Propagate(d);
-    devices = std::move(*d);
-    // The dump's TSC frequency, and times kept in ticks: JointKernelSink converts them.
-    sopts.input.tsc_khz = dump->clock.tsc_hz ? (dump->clock.tsc_hz + 500) / 1000 : 1;
-    sopts.raw_clock = true;
-  } else if (!in.device_map.empty()) {
-    auto d = sources::KvmDeviceMap::Load(in.device_map);
-    if (!d) return Propagate(d);
-    devices = std::move(*d);
+  if (dump != nullptr && in.joint == nullptr) {
+    return Fail(ErrorCode::kInvalidArgument, "a dump and a trace: the joint view is missing");
   }
-  sopts.pairer.devices = devices.get();
+  sources::Source& trace = *in.trace;
   struct First {
     TimelineWriter* w = nullptr;
     sources::ClockScale scale;
     bool seen = false;
   } first;
   if (dump == nullptr) {  // a trace alone: ts 0 is its first record
-    sopts.record_observer = [](const sources::KvmRecord& r, void* ctx) {
-      auto* f = static_cast<First*>(ctx);
-      if (f->seen) return;
-      f->seen = true;
-      f->w->SetBase(f->scale.ToNs(r.ts));
-    };
-    sopts.observer_ctx = &first;
+    trace.ObserveRecords(
+        [](const sources::KvmRecord& r, void* ctx) {
+          auto* f = static_cast<First*>(ctx);
+          if (f->seen) return;
+          f->seen = true;
+          f->w->SetBase(f->scale.ToNs(r.ts));
+        },
+        &first);
   }
-  auto opened = sources::OpenKernelTrace(in.trace_path, sopts);
-  if (!opened) return Propagate(opened);
-  sources::Source& trace = **opened;
-  o.other_data.push_back({"trace", in.trace_path});
+  const std::string trace_path = trace.info().name;
+  o.other_data.push_back({"trace", trace_path});
   o.other_data.push_back({"trace_format", trace.info().format});
   o.other_data.push_back({"trace_clock", trace.info().clock});
 
@@ -703,7 +700,7 @@ Result<TimelineStats> WriteTimeline(const TimelineInputs& in, TimelineOptions o,
   if (dump == nullptr) {
     first.w = &w;
     first.scale = trace.info().scale;
-    Status s = Named(trace.Run(w.kernel_sink()), in.trace_path);
+    Status s = Named(trace.Run(w.kernel_sink()), trace_path);
     if (s) s = Named(w.Finish(0), out_path);
     if (s = (*out)->Close(std::move(s)); !s) return Propagate(s);
     return w.stats();
@@ -714,7 +711,7 @@ Result<TimelineStats> WriteTimeline(const TimelineInputs& in, TimelineOptions o,
   w.NameVm(o.vm, VmName(*dump));
   SetQuotas(*dump, o.max_exits, &w);
   JointKernelSink ksink(Clock::FromCalibration(dump->clock), *in.joint, o.vm, &w);
-  Status s = Named(trace.Run(&ksink), in.trace_path);
+  Status s = Named(trace.Run(&ksink), trace_path);
   if (s) {
     w.SetBase(std::min(FirstTime(*dump), ksink.first()));
     sources::DumpSource src(*dump);

@@ -47,6 +47,7 @@
 #include "exitscope/dump.h"
 #include "exitscope/status.h"
 #include "sources/event.h"
+#include "sources/source.h"
 
 namespace exitscope::report {
 
@@ -61,6 +62,10 @@ struct TimelineOptions {
   uint64_t to_ns = std::numeric_limits<uint64_t>::max();
   // Only exits at least this long (the kernel's duration for a joint exit).
   uint64_t min_duration_ns = 0;
+  // Only exits of this vCPU, and of this VM (pid) or vCPU thread (tid); -1: all (kvm report's
+  // --vcpu and -p, as the analysis applies them).
+  int64_t only_vcpu = -1;
+  int64_t only_pid = -1;
   // At most this many exit slices in the file (0 = all). A trace's exits arrive in time order:
   // the first max_exits are kept. A dump's vCPUs come one after the other, so WriteTimeline
   // gives each vCPU a share in proportion to its exits (SetVcpuQuota): the first of each.
@@ -74,7 +79,8 @@ struct TimelineStats {
   uint64_t kernel_exits = 0;  // kernel exit slices of a trace (joint parents included)
   uint64_t joint_exits = 0;   // exits drawn split (kernel before / handler / kernel after)
   uint64_t off_cpu_spans = 0;
-  uint64_t left_out = 0;   // exits outside the window or shorter than min_duration_ns
+  uint64_t left_out = 0;   // exits outside the window, shorter than min_duration_ns, or
+                           // not of only_vcpu / only_pid
   uint64_t capped = 0;     // exits left out by max_exits
   uint64_t not_drawn = 0;  // kernel exits with no known duration (open at end, not traced)
   uint64_t clamped = 0;    // slices clamped to not overlap the previous one on their track
@@ -148,6 +154,7 @@ class TimelineWriter : public EventSink {
   void DrawJointExit(const ExitEvent& e, const analysis::JointExit& j);
   // Whether an exit [start, start + dur) on (vm, vcpu) is drawn; counts it either way.
   bool Admit(uint32_t vm, uint32_t vcpu, uint64_t start, uint64_t dur);
+  bool Selected(const ExitEvent& e) const noexcept;  // only_vcpu, only_pid
   // Clamps [*start, *start + *dur) to begin at the track's last end; returns the clamp.
   uint64_t Clamp(Track& t, uint64_t* start, uint64_t* dur);
   Track& TrackOf(uint32_t vm, uint32_t tid);
@@ -184,24 +191,24 @@ class TimelineWriter : public EventSink {
   std::string name_;    // scratch
 };
 
-// What `exitscope timeline` draws: a dump, a kernel trace, or both (the joint view).
+// What `exitscope timeline` draws: a dump, a kernel trace, or both (the joint view). The
+// caller opens the sources (sources/source.h) and builds the joint view; WriteTimeline replays
+// the trace into the writer.
 struct TimelineInputs {
   const Dump* dump = nullptr;  // read from dump_path; null: none
   std::string dump_path;
-  std::string trace_path;  // "": none; any format sources::KvmInput reads
-  // A trace alone: names ports and MMIO addresses by this device map (a dump or a text map,
-  // sources::KvmDeviceMap::Load); "": addresses only.
-  std::string device_map;
-  // A dump and a trace: their joint view (analysis::BuildJointViewFromTrace), required.
+  // A kernel trace source not yet Run; null: none. Alone: opened with the caller's options
+  // (device map, --tsc-mhz, ISA). With a dump: opened with analysis::JointTraceOptions.
+  sources::Source* trace = nullptr;
+  // A dump and a trace: their joint view (analysis::BuildJointView), required.
   const analysis::JointView* joint = nullptr;
 };
 
-// Reads the inputs, then writes the timeline to `out_path` ("-": stdout), created only once
-// every input has been read. A dump alone: ts 0 is its first record, the VM its process. A
-// trace alone: ts 0 is its first record, times on its clock. Both: the joint view
-// (analysis::BuildJointViewFromTrace; its refusals are this function's), every time in the
-// dump's CLOCK_MONOTONIC ns, each kernel thread on the track of the dump vCPU it runs (a thread
-// that runs none on its own track, "thread <tid>"). Errors name the input or the output.
+// Replays the trace, then writes the timeline to `out_path` ("-": stdout), created only once
+// the trace has been read. A dump alone: ts 0 is its first record, the VM its process. A
+// trace alone: ts 0 is its first record, times on its clock. Both: the joint view, every time
+// in the dump's CLOCK_MONOTONIC ns, each kernel thread on the track of the dump vCPU it runs (a
+// thread that runs none on its own track, "thread <tid>"). Errors name the input or the output.
 Result<TimelineStats> WriteTimeline(const TimelineInputs& in, TimelineOptions options,
                                     const std::string& out_path);
 

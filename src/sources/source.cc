@@ -56,9 +56,7 @@ class KvmFileSource final : public Source {
   }
   Status Run(EventSink* sink) override {
     pairer_ = std::make_unique<KvmPairer>(options_.pairer, sink);
-    if (options_.record_observer != nullptr) {
-      pairer_->SetRecordObserver(options_.record_observer, options_.observer_ctx);
-    }
+    if (observer_ != nullptr) pairer_->SetRecordObserver(observer_, observer_ctx_);
     Status s = in_->ReadAll(pairer_.get());  // ends with the pairer's Finish()
     info_.lost_at_record = in_->lost_at_record();
     return s;
@@ -66,6 +64,10 @@ class KvmFileSource final : public Source {
   const SourceInfo& info() const noexcept override { return info_; }
   const KvmPairingStats* pairing() const noexcept override {
     return pairer_ ? &pairer_->stats() : &empty_;
+  }
+  void ObserveRecords(void (*fn)(const KvmRecord&, void*), void* ctx) override {
+    observer_ = fn;
+    observer_ctx_ = ctx;
   }
   const KvmInput& input() const noexcept { return *in_; }
 
@@ -75,6 +77,8 @@ class KvmFileSource final : public Source {
   SourceInfo info_;
   std::unique_ptr<KvmPairer> pairer_;
   KvmPairingStats empty_;
+  void (*observer_)(const KvmRecord&, void*) = nullptr;
+  void* observer_ctx_ = nullptr;
 };
 
 }  // namespace

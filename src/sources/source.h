@@ -53,6 +53,13 @@ class Source {
   virtual const KvmPairingStats* pairing() const noexcept { return nullptr; }
   // A dump source's Dump (its counters and maps are no events); null for the others.
   virtual const Dump* dump() const noexcept { return nullptr; }
+  // A kernel trace: also hands every record to `fn` before pairing it, during Run (call before
+  // Run; KvmPairer::SetRecordObserver): the joint view's sched_switch records, the timeline's
+  // first record time. A dump has no records: ignored.
+  virtual void ObserveRecords(void (*fn)(const KvmRecord&, void*), void* ctx) {
+    (void)fn;
+    (void)ctx;
+  }
 };
 
 struct SourceOptions {
@@ -62,10 +69,6 @@ struct SourceOptions {
   // A kernel trace: keep times in the capture's raw units (ticks of a cycle clock), as the
   // joint view needs them to convert with the dump's calibration; else ns.
   bool raw_clock = false;
-  // A kernel trace: also hands every record to this observer before pairing it
-  // (KvmPairer::SetRecordObserver: sched_switch for the joint view, the first record's time).
-  void (*record_observer)(const KvmRecord&, void*) = nullptr;
-  void* observer_ctx = nullptr;
 };
 
 // Opens `path` (see the file comment). Errors name the path: kNotFound, kInvalidArgument (a

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <string>
@@ -26,8 +27,10 @@
 #include "analysis/joint_view.h"
 #include "exitscope/dump.h"
 #include "sources/dump_source.h"
+#include "sources/kvm_device_map.h"
 #include "sources/kvm_input.h"
 #include "sources/kvm_pairing.h"
+#include "sources/source.h"
 
 namespace exitscope::report {
 namespace {
@@ -132,12 +135,18 @@ std::string Lower(std::string_view s) {
   return o;
 }
 
-TimelineInputs In(const Dump* dump, const std::string& dump_path, const std::string& trace = "") {
+TimelineInputs In(const Dump* dump, const std::string& dump_path) {
   TimelineInputs in;
   in.dump = dump;
   in.dump_path = dump_path;
-  in.trace_path = trace;
   return in;
+}
+
+// A trace alone, opened as `exitscope timeline` opens it.
+std::unique_ptr<sources::Source> OpenTrace(const std::string& path) {
+  auto t = sources::OpenKernelTrace(path, {});
+  EXPECT_TRUE(t) << t.error().message;
+  return t ? std::move(*t) : nullptr;
 }
 
 const char* kDumps[] = {"blk-backend-delay.esdump", "blk-kvm-stats.esdump",
@@ -256,7 +265,11 @@ TEST(Timeline, EveryRealDump) {
 TEST(Timeline, KernelTraceAlone) {
   const std::string trace = Data("joint-blk.dat");
   const std::string out = TempPath("trace");
-  auto st = WriteTimeline(In(nullptr, "", trace), {}, out);
+  auto src = OpenTrace(trace);
+  ASSERT_TRUE(src);
+  TimelineInputs tin;
+  tin.trace = src.get();
+  auto st = WriteTimeline(tin, {}, out);
   ASSERT_TRUE(st) << st.error().message;
   const json doc = ReadJson(out);
   ExpectProperlyNested(doc);
@@ -283,6 +296,63 @@ TEST(Timeline, KernelTraceAlone) {
   EXPECT_EQ(got, want);
 }
 
+// kvm report --format timeline -p PID|TID / --vcpu N: only those exits are drawn, the rest
+// counted as left out. The capture runs three VMs, one vCPU 0 each.
+TEST(Timeline, KernelTraceFilteredByVmThreadAndVcpu) {
+  const std::string trace =
+      std::string(EXITSCOPE_TESTDATA_DIR) + "/kvm/pvm-user64-pio-mmio-hlt.dat";
+  auto in = sources::KvmInput::Open(trace, {});
+  ASSERT_TRUE(in);
+  Collect c;
+  sources::KvmPairer pairer({.clock = (*in)->scale()}, &c);
+  ASSERT_TRUE((*in)->ReadAll(&pairer));
+  std::map<uint32_t, uint64_t> per_vm;  // drawable exits per VM
+  std::map<uint32_t, uint32_t> tid_of;  // the VM's vCPU thread
+  uint64_t all = 0;
+  for (const ExitEvent& e : c.exits) {
+    if (e.kernel_access || e.end != ExitEnd::kSeen) continue;
+    ++per_vm[e.vm];
+    tid_of[e.vm] = e.tid;
+    ++all;
+  }
+  ASSERT_EQ(per_vm.size(), 3u);
+  const auto [vm, n] = *per_vm.rbegin();
+  ASSERT_GT(n, 0u);
+  ASSERT_LT(n, all);
+  struct Case {
+    const char* name;
+    int64_t only_pid, only_vcpu;
+    uint64_t want;
+  };
+  for (const Case& k : {Case{"-p PID", vm, -1, n}, Case{"-p TID", tid_of[vm], -1, n},
+                        Case{"--vcpu 0", -1, 0, all}, Case{"--vcpu 1", -1, 1, 0}}) {
+    SCOPED_TRACE(k.name);
+    auto src = OpenTrace(trace);
+    ASSERT_TRUE(src);
+    TimelineInputs tin;
+    tin.trace = src.get();
+    TimelineOptions o;
+    o.only_pid = k.only_pid;
+    o.only_vcpu = k.only_vcpu;
+    const std::string out = TempPath("filtered");
+    auto st = WriteTimeline(tin, o, out);
+    ASSERT_TRUE(st) << st.error().message;
+    const json doc = ReadJson(out);
+    uint64_t slices = 0;
+    for (const json& e : doc["traceEvents"]) {
+      if (e["ph"] != "X") continue;
+      ++slices;
+      if (k.only_pid >= 0) {
+        EXPECT_EQ(e["pid"].get<int64_t>(), vm);
+        EXPECT_EQ(e["args"]["thread"].get<int64_t>(), tid_of[vm]);
+      }
+    }
+    EXPECT_EQ(slices, k.want);
+    EXPECT_EQ(st->kernel_exits, k.want);
+    EXPECT_GE(st->left_out, all - k.want);
+  }
+}
+
 struct JointCase {
   const char* dump;
   const char* trace;
@@ -300,7 +370,13 @@ TEST(Timeline, JointViewNestsEachExitsSplit) {
     ASSERT_TRUE(view) << view.error().message;
     ASSERT_EQ(view->sched_recorded, jc.sched);
     const std::string out = TempPath("joint");
-    TimelineInputs in = In(&*dump, dpath, tpath);
+    auto devices = sources::KvmDeviceMap::LoadDump(dpath);
+    ASSERT_TRUE(devices);
+    auto replay =
+        sources::OpenKernelTrace(tpath, analysis::JointTraceOptions(*dump, devices->get()));
+    ASSERT_TRUE(replay);
+    TimelineInputs in = In(&*dump, dpath);
+    in.trace = replay->get();
     in.joint = &*view;
     auto st = WriteTimeline(in, {}, out);
     ASSERT_TRUE(st) << st.error().message;

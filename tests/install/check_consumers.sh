@@ -35,15 +35,18 @@ cmake -S "$src/consumer_cxx" -B "$tmp/cxx" -G "$gen" -DCMAKE_CXX_COMPILER="$cxx"
   { cat "$tmp/cxx.log"; exit 1; }
 grep -q "from $prefix/" "$tmp/cxx.log" || { cat "$tmp/cxx.log"; echo "exitscope not found in $prefix"; exit 1; }
 cmake --build "$tmp/cxx" >>"$tmp/cxx.log" 2>&1 || { cat "$tmp/cxx.log"; exit 1; }
-ldd "$tmp/cxx/vmm_cxx" | grep -q "libexitscope.so.* => $prefix/" ||
-  { ldd "$tmp/cxx/vmm_cxx"; echo "vmm_cxx does not load the prefix's libexitscope.so"; exit 1; }
+# (Whole outputs captured before grep -q: under pipefail, a grep that stops at its first match
+# can fail the pipeline by SIGPIPE to a writer that has not finished.)
+deps=$(ldd "$tmp/cxx/vmm_cxx")
+grep -q "libexitscope.so.* => $prefix/" <<<"$deps" ||
+  { echo "$deps"; echo "vmm_cxx does not load the prefix's libexitscope.so"; exit 1; }
 "$tmp/cxx/vmm_cxx" "$tmp/cxx.esdump"
 inspect "$tmp/cxx.esdump"
 n=2
 if [[ -x $tmp/cxx/vmm_cxx_static ]]; then
   "$tmp/cxx/vmm_cxx_static" "$tmp/cxx-static.esdump"
   inspect "$tmp/cxx-static.esdump"
-  if readelf -d "$tmp/cxx/vmm_cxx_static" | grep -q 'NEEDED.*libexitscope'; then
+  if grep -q 'NEEDED.*libexitscope' <<<"$(readelf -d "$tmp/cxx/vmm_cxx_static")"; then
     echo "vmm_cxx_static needs libexitscope.so"; exit 1
   fi
   n=$((n + 1))
@@ -58,8 +61,9 @@ private=$(pkg-config --static --libs exitscope | sed -E 's/(^| )-L[^ ]*//g; s/(^
 # shellcheck disable=SC2086
 "$cc" -std=c11 -Wall -Wextra -Werror -pedantic $san $cflags "$src/consumer_c/vmm.c" -o "$tmp/vmm_c" \
   $libs -Wl,-rpath,"$prefix/$libdir"
-ldd "$tmp/vmm_c" | grep -q "libexitscope.so.* => $prefix/" ||
-  { ldd "$tmp/vmm_c"; echo "vmm_c does not load the prefix's libexitscope.so"; exit 1; }
+deps=$(ldd "$tmp/vmm_c")
+grep -q "libexitscope.so.* => $prefix/" <<<"$deps" ||
+  { echo "$deps"; echo "vmm_c does not load the prefix's libexitscope.so"; exit 1; }
 "$tmp/vmm_c" "$tmp/c.esdump"
 inspect "$tmp/c.esdump"
 # shellcheck disable=SC2086

@@ -11,7 +11,7 @@ ROOT=$PWD
 SECONDS_PER_TARGET=${1:-60}
 shift || true
 TARGETS=("$@")
-[[ ${#TARGETS[@]} -gt 0 ]] || TARGETS=(dump regmap device_map trace_text dat kvm_stats)
+[[ ${#TARGETS[@]} -gt 0 ]] || TARGETS=(dump regmap device_map qmp trace_text dat kvm_stats)
 BUILD=${FUZZ_BUILD:-build-fuzz}
 OUT=${FUZZ_OUT:-$BUILD/afl}
 FINDINGS=${FUZZ_FINDINGS:-fuzz-findings}

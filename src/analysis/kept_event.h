@@ -5,8 +5,8 @@
 // What an analysis lists beyond that (the slow, stalled and in-progress exits of a dump, the
 // exits over kvm's --duration, the exits open at end of a kernel trace, the watchdog
 // findings) is kept as a KeptExit / KeptFinding: the event itself with its strings owned (its
-// views point into the kept object), and view() is the event, so every renderer and helper that reads an ExitEvent
-// (TargetName, DescribeExit, FormatKvmSlowExit) reads a kept one too.
+// views point into the kept object), and view() is the event, so every renderer and helper that
+// reads an ExitEvent (TargetName, DescribeExit, FormatKvmSlowExit) reads a kept one too.
 //
 //   analysis::SlowRule rule{.threshold_ns = 20'000};
 //   if (rule.IsSlow(e)) kept.push_back(analysis::KeptExit(e, row_key));

@@ -153,9 +153,9 @@ std::string_view ToString(JointMapping m) noexcept {
 JointBuilder::JointBuilder(const ClockCalibration& vmm_clock, JointOptions opts)
     : clock_(vmm_clock), opts_(opts) {}
 
-void JointBuilder::VmmSink::OnExit(const ExitEvent& e) {
+void JointBuilder::AddVmm(const ExitEvent& e) {
   if (e.side != Side::kVmm) return;
-  VmmVcpu& v = b_->vcpus_[e.vcpu];
+  VmmVcpu& v = vcpus_[e.vcpu];
   if (e.end == ExitEnd::kOpenAtEnd) {
     v.in_progress = true;
     v.in_progress_start_ns = e.start_ns;
@@ -164,9 +164,9 @@ void JointBuilder::VmmSink::OnExit(const ExitEvent& e) {
   }
 }
 
-void JointBuilder::KernelSink::OnExit(const ExitEvent& e) {
+void JointBuilder::AddKernel(const ExitEvent& e) {
   if (!e.userspace || e.kernel_access || e.end == ExitEnd::kNotTraced) return;
-  b_->kernel_exits_.emplace_back(e);
+  kernel_exits_.emplace_back(e);
 }
 
 Result<JointView> JointBuilder::Finish(const std::string& trace_clock) {

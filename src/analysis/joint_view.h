@@ -195,27 +195,23 @@ class JointBuilder {
     bool in_progress = false;     // the vCPU was inside an exit when the dump was taken
     uint64_t in_progress_start_ns = 0;
   };
-  class VmmSink final : public EventSink {
+  // One side's inbox: forwards each exit to the builder's AddVmm or AddKernel.
+  class SideSink final : public EventSink {
    public:
-    explicit VmmSink(JointBuilder* b) : b_(b) {}
-    void OnExit(const ExitEvent& e) override;
+    SideSink(JointBuilder* b, void (JointBuilder::*add)(const ExitEvent&)) : b_(b), add_(add) {}
+    void OnExit(const ExitEvent& e) override { (b_->*add_)(e); }
 
    private:
     JointBuilder* b_;
+    void (JointBuilder::*add_)(const ExitEvent&);
   };
-  class KernelSink final : public EventSink {
-   public:
-    explicit KernelSink(JointBuilder* b) : b_(b) {}
-    void OnExit(const ExitEvent& e) override;
-
-   private:
-    JointBuilder* b_;
-  };
+  void AddVmm(const ExitEvent& e);
+  void AddKernel(const ExitEvent& e);
 
   ClockCalibration clock_;
   JointOptions opts_;
-  VmmSink vmm_{this};
-  KernelSink kernel_{this};
+  SideSink vmm_{this, &JointBuilder::AddVmm};
+  SideSink kernel_{this, &JointBuilder::AddKernel};
   std::map<uint32_t, VmmVcpu> vcpus_;  // by vCPU index
   std::vector<KeptExit> kernel_exits_;
   std::vector<SchedSwitch> sched_;

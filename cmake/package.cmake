@@ -24,7 +24,7 @@ set(CPACK_DEBIAN_DEV_PACKAGE_NAME libexitscope-dev)
 set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
 set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS
     "libexitscope${EXITSCOPE_SOVERSION} (= ${PROJECT_VERSION})")
-set(CPACK_DEBIAN_DEV_PACKAGE_SUGGESTS "prometheus-cpp-dev, pkg-config")
+set(CPACK_DEBIAN_DEV_PACKAGE_SUGGESTS "prometheus-cpp-dev, libunwind-dev, libdw-dev, libiberty-dev, pkg-config")
 set(CPACK_DEBIAN_TOOL_PACKAGE_NAME exitscope)
 set(CPACK_DEBIAN_TOOL_PACKAGE_SECTION utils)
 set(CPACK_COMPONENT_LIB_DESCRIPTION "exitscope flight recorder library for VMMs (libexitscope.so)")

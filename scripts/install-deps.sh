@@ -10,6 +10,7 @@ PACKAGES=(
   libtracefs-dev libtraceevent-dev libtracecmd-dev liburing-dev libzstd-dev zlib1g-dev
   trace-cmd linux-perf
   prometheus-cpp-dev
+  libunwind-dev libdw-dev libiberty-dev
   clang libbpf-dev bpftool
 )
 # Each wanted by one test only, which skips with a printed reason when its package could not be

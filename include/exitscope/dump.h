@@ -86,6 +86,7 @@ struct DumpExit {
 
 struct DumpVcpu {
   uint32_t vcpu = 0;
+  int32_t tid = 0;  // the vCPU's thread id (Recorder::SetThreadId or its first exit); 0 unknown
   RingCounters counters;
   std::vector<DumpExit> exits;                     // oldest first
   std::optional<DumpExit> in_progress;             // the exit the vCPU was inside at snapshot time;
@@ -156,6 +157,7 @@ struct EXITSCOPE_EXPORT Dump {
   DeviceEventCounters device_event_counters;
   std::vector<FindingRecord> findings;  // oldest first
   RecorderCounters counters;
+  StackCounters stack_counters;  // version 4 on (0 in older dumps)
   // What ReadDump/ParseDump found wrong but could read past, one line each, e.g.
   // "2 exit records have an unknown kind (first: 99); shown as kind#99". Never written to a
   // file; empty for a snapshot and for a clean dump.

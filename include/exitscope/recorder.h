@@ -82,6 +82,7 @@ struct RecorderOptions {
   ClockChoice clock = ClockChoice::kAuto;
   SlowExitPolicy slow_exit{};
   WatchdogOptions watchdog{};
+  StackOptions stacks{};       // stack captures of stuck vCPU threads (watchdog.h, stack.h)
   bool start_watchdog = true;  // start the watchdog thread in Create
 };
 
@@ -132,6 +133,9 @@ struct alignas(64) VcpuSlot {
   // vCPU emits an end only after its begin; otherwise the watchdog's next poll emits it.
   std::atomic<uint64_t> begin_reported{0};
   uint64_t begins = 0;  // vCPU thread only
+  // The vCPU's thread id: Recorder::SetThreadId, else taken on the vCPU's first exit (once,
+  // out of line). 0 until then. Read by the watchdog to look at and signal a stuck thread.
+  std::atomic<int32_t> tid{0};
 };
 }  // namespace internal
 
@@ -186,6 +190,7 @@ class EXITSCOPE_EXPORT Recorder {
                    std::memory_order_relaxed);
     v.exit_no.store(++v.begins, std::memory_order_relaxed);
     v.seq.store(s + 2, std::memory_order_release);
+    if (__builtin_expect(v.begins == 1, 0)) TakeThreadId(vcpu);
   }
 
   // Ends the current exit of `vcpu` and appends its record to the vCPU's ring. The first form
@@ -248,6 +253,25 @@ class EXITSCOPE_EXPORT Recorder {
   // every vCPU and the in-flight I/Os): how a test knows that polls happened.
   uint64_t watchdog_polls() const noexcept;
 
+  // ---- Stacks of stuck vCPU threads (docs/stacks.md) -------------------------------------
+  // The thread that runs `vcpu` (a Linux thread id, gettid()). Without this call the recorder
+  // takes the id of the thread that makes the vCPU's first exit. kInvalidArgument for a bad
+  // vCPU index or tid <= 0.
+  Status SetThreadId(uint32_t vcpu, int32_t tid);
+  int32_t thread_id(uint32_t vcpu) const noexcept;  // 0 when unknown or a bad index
+  // Installs the handler of real-time signal `signo` (SIGRTMIN..SIGRTMAX) that the watchdog
+  // sends a stuck vCPU thread: the thread unwinds its own stack (libunwind) into a buffer
+  // allocated at creation, only if it is still inside the same exit; no allocation, no lock.
+  // Without it, captures hold the thread's state and kernel stack only. One recorder per
+  // process owns the signal (kAlreadyExists otherwise); the previous disposition is restored by
+  // RemoveStackSignal or the destructor. Interrupted system calls: SA_RESTART is set, but
+  // nanosleep and KVM_RUN return EINTR (the vCPU loop must retry them).
+  Status InstallStackSignal(int signo);
+  void RemoveStackSignal();
+  // Switches captures on or off at run time (StackOptions::enabled at creation).
+  void SetStackCapture(bool on) noexcept;
+  StackCounters stack_counters() const noexcept;
+
   // ---- Embedder metadata (thread-safe, mutex) -------------------------------------------
   // String attributes carried in snapshots and dumps ("vmm" = "exitscope-run", "guest" = "blk").
   void SetAttribute(std::string key, std::string value);
@@ -300,6 +324,7 @@ class EXITSCOPE_EXPORT Recorder {
   uint64_t WriteDeviceEvent(DeviceEventType type, uint32_t device, uint64_t io_id, int64_t status,
                             std::string_view note) noexcept;
   void BeginWithoutEnd(uint32_t vcpu, uint64_t now) noexcept;
+  void TakeThreadId(uint32_t vcpu) noexcept;
   void EndWithoutBegin() noexcept;
   // `stalled_exit_no`: the exit's number when the watchdog had reported it stuck, else 0.
   void SlowPath(const ExitRecord& r, uint64_t stalled_exit_no) noexcept;
@@ -356,6 +381,7 @@ class EXITSCOPE_EXPORT Recorder {
 
   friend class Watchdog;
   friend class DumpSignalThread;
+  friend class StackSampler;
 
   const uint32_t num_vcpus_;
   Clock clock_;

@@ -24,6 +24,7 @@
 
 #include "exitscope/exit_record.h"
 #include "exitscope/export.h"
+#include "exitscope/stack.h"
 
 namespace exitscope {
 
@@ -33,14 +34,24 @@ enum class FindingType : uint8_t {
   kStuckExitEnd = 1,
   kAgedIo = 2,
   kSlowExit = 3,
+  // A later capture of a vCPU still stuck in the exit of an earlier kStuckExitBegin (at 4x and
+  // 16x the threshold, StackOptions::captures_per_stall): `stack` holds what it does now.
+  kStuckExitStack = 4,
 };
-// "stuck-exit", "stuck-exit-end", "aged-io", "slow-exit".
+// "stuck-exit", "stuck-exit-end", "aged-io", "slow-exit", "stuck-exit-stack".
 std::string_view ToString(FindingType t) noexcept;
 
 struct WatchdogOptions {
   uint64_t stuck_exit_ns = 20'000'000;  // report a vCPU inside one exit this long
   uint64_t io_age_ns = 20'000'000'000;  // report an I/O in flight this long
   uint64_t poll_ns = 0;                 // 0 = min(10 ms, stuck_exit_ns / 4), at least 1 ms
+};
+
+// Stack captures of stuck vCPU threads (stack.h, docs/stacks.md). Sizes are fixed at creation.
+struct StackOptions {
+  bool enabled = true;              // capture when the watchdog finds a vCPU stuck
+  uint32_t max_frames = 48;         // user frames kept per capture (1..256); more are counted
+  uint32_t captures_per_stall = 3;  // at 1x, 4x, 16x... the stuck threshold (1..8)
 };
 
 // One finding. `text` is the line as logged, e.g.
@@ -61,6 +72,9 @@ struct FindingRecord {
   uint32_t reg_delta = 0;
   uint64_t io_id = 0;  // kAgedIo
   std::string text;
+  // kStuckExitBegin / kStuckExitStack: what the stuck vCPU thread was doing (stack.h); empty
+  // when no capture was made (switched off, no thread id yet, or another finding type).
+  ThreadStack stack;
 };
 
 using FindingHook = std::function<void(const FindingRecord&)>;

@@ -50,6 +50,14 @@ Status CheckOptions(const RecorderOptions& o) {
     return bad("inflight_ios " + std::to_string(o.inflight_ios) + " is out of range (16..1048576)");
   }
   if (o.slow_exit.threshold_ns == 0) return bad("slow_exit.threshold_ns must be > 0");
+  if (o.stacks.max_frames < 1 || o.stacks.max_frames > 256) {
+    return bad("stacks.max_frames " + std::to_string(o.stacks.max_frames) +
+               " is out of range (1..256)");
+  }
+  if (o.stacks.captures_per_stall < 1 || o.stacks.captures_per_stall > 8) {
+    return bad("stacks.captures_per_stall " + std::to_string(o.stacks.captures_per_stall) +
+               " is out of range (1..8)");
+  }
   return {};
 }
 
@@ -78,7 +86,8 @@ Recorder::Recorder(const RecorderOptions& options)
 
 Recorder::~Recorder() {
   RemoveDumpSignal();
-  StopWatchdog();
+  StopWatchdog();  // before the stack signal: the watchdog is what sends it
+  RemoveStackSignal();
 }
 
 // ---- Slow paths --------------------------------------------------------------------------
@@ -244,7 +253,24 @@ void Recorder::AddFinding(FindingRecord f, bool log) {
     }
     impl_->findings.push_back(f);
   }
-  if (log) Log(f.text);
+  if (log) {
+    Log(f.text);
+    // Then the stack, indented: frames innermost first, kernel frames above the user ones
+    // (the kernel is where the thread is now).
+    const ThreadStack& st = f.stack;
+    if (!st.empty()) {
+      std::string head = "    thread " + std::to_string(st.tid);
+      if (st.state != 0) head += std::string(" state ") + st.state;
+      head += ", capture " + std::to_string(st.capture);
+      Log(head);
+      for (const StackFrame& fr : st.kernel) Log("      k " + FormatFrame(fr));
+      for (const StackFrame& fr : st.user) Log("      u " + FormatFrame(fr));
+      if (st.user_dropped != 0) {
+        Log("      (" + std::to_string(st.user_dropped) + " more user frames not kept)");
+      }
+    }
+    if (!st.note.empty()) Log("    " + st.note);
+  }
   if (hook) hook(f);
 }
 
@@ -435,7 +461,11 @@ void Recorder::SnapshotMetadata(const DumpOptions& options, Dump* out,
                                 std::map<const RegisterMap*, uint32_t>* map_index) const {
   Dump& d = *out;
   d.vcpus.resize(num_vcpus_);
-  for (uint32_t v = 0; v < num_vcpus_; ++v) d.vcpus[v].vcpu = v;
+  for (uint32_t v = 0; v < num_vcpus_; ++v) {
+    d.vcpus[v].vcpu = v;
+    d.vcpus[v].tid = slots_[v].tid.load(std::memory_order_relaxed);
+  }
+  d.stack_counters = impl_->stacks.counters();
   d.version = kDumpVersion;
   d.includes_guest_data = options.include_guest_data;
   d.monotonic_ns = Clock::MonotonicNs();

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "exitscope/recorder.h"
+#include "recorder/stack_capture.h"
 
 namespace exitscope {
 
@@ -24,7 +25,8 @@ struct Recorder::Impl {
       : options(o),
         device_events(o.device_events),
         inflight(o.inflight_ios),
-        vcpu_counters(o.num_vcpus) {}
+        vcpu_counters(o.num_vcpus),
+        stacks(o.stacks, o.num_vcpus) {}
 
   RecorderOptions options;
   DeviceEventRing device_events;
@@ -65,6 +67,9 @@ struct Recorder::Impl {
   DumpOptions sig_options;
   std::string last_signal_dump;  // under mu
   uint64_t signal_dumps = 0;
+
+  // Stack captures of stuck vCPU threads (used by the watchdog thread).
+  internal::StackSampler stacks;
 };
 
 namespace internal {

@@ -186,6 +186,8 @@ std::string_view ToString(FindingType t) noexcept {
       return "aged-io";
     case FindingType::kSlowExit:
       return "slow-exit";
+    case FindingType::kStuckExitStack:
+      return "stuck-exit-stack";
   }
   return "unknown";
 }

@@ -51,10 +51,43 @@ class Watchdog {
  private:
   // The exit a vCPU was reported stuck in, until its end finding is out.
   struct Stall {
-    uint64_t exit_no = 0;  // 0: none pending
-    ExitRecord record;     // resolved, as reported
-    uint64_t seen_ns = 0;  // how long it had been inside when reported
+    uint64_t exit_no = 0;   // 0: none pending
+    ExitRecord record;      // resolved, as reported
+    uint64_t seen_ns = 0;   // how long it had been inside when reported
+    uint32_t captures = 0;  // stack captures made of this stall
   };
+
+  // A capture of vCPU `v`'s thread inside exit `no` (empty when captures are off).
+  static ThreadStack CaptureStack(Recorder* rec, uint32_t v, uint64_t no, Stall* stall) {
+    internal::StackSampler& sampler = rec->impl_->stacks;
+    const int32_t tid = rec->slots_[v].tid.load(std::memory_order_relaxed);
+    if (!sampler.enabled() || tid == 0) {
+      sampler.CountSkipped();
+      return {};
+    }
+    return sampler.Capture(*rec, v, rec->slots_[v], tid, no, ++stall->captures);
+  }
+
+  // Captures a stall again at 4x, 16x... the threshold while the vCPU stays inside it.
+  static void Recapture(Recorder* rec, uint32_t v, uint64_t elapsed_ticks, uint64_t stuck_ticks,
+                        Stall* stall) {
+    const uint32_t limit = rec->impl_->stacks.options().captures_per_stall;
+    if (stall->captures == 0 || stall->captures >= limit) return;
+    const uint64_t due = stuck_ticks << (2 * stall->captures);
+    if ((due >> (2 * stall->captures)) != stuck_ticks || elapsed_ticks < due) return;
+    const uint64_t ns = rec->clock_.TicksToNs(elapsed_ticks);
+    ThreadStack st = CaptureStack(rec, v, stall->exit_no, stall);
+    if (st.empty() && st.note.empty()) return;
+    FindingRecord f =
+        ExitFinding(stall->record, FindingType::kStuckExitStack, Clock::MonotonicNs(), ns);
+    f.vcpu = v;
+    f.text = "vCPU " + std::to_string(v) + ": still stuck in " +
+             ExitDescription(*rec, stall->record) + " for " + FormatDurationNs(ns) +
+             " (stack capture " + std::to_string(st.capture) + " of " + std::to_string(limit) +
+             ")";
+    f.stack = std::move(st);
+    rec->AddFinding(std::move(f), true);
+  }
 
   // If the stalled exit has ended and the vCPU did not claim its end finding (it ended before
   // it could see the stall flag), emits the end finding here, with the duration from the ring.
@@ -111,8 +144,12 @@ class Watchdog {
       ExitRecord r;
       uint64_t no = 0;
       if (!ReadCurrent(slot, &r, &no)) continue;
-      if (no == stall.exit_no || no <= slot.stalled.load(std::memory_order_relaxed)) continue;
       const uint64_t elapsed = now > r.start_ticks ? now - r.start_ticks : 0;
+      if (no == stall.exit_no) {
+        Recapture(rec, v, elapsed, stuck_ticks, &stall);
+        continue;
+      }
+      if (no <= slot.stalled.load(std::memory_order_relaxed)) continue;
       if (elapsed < stuck_ticks) continue;
       rec->Resolve(&r);
       FindingRecord f = ExitFinding(r, FindingType::kStuckExitBegin, Clock::MonotonicNs(),
@@ -126,7 +163,9 @@ class Watchdog {
       stall.seen_ns = f.duration_ns;
       stall.exit_no = no;
       stall.record = r;
+      stall.captures = 0;
       slot.stalled.store(no, std::memory_order_release);
+      f.stack = CaptureStack(rec, v, no, &stall);
       rec->AddFinding(std::move(f), true);
       slot.begin_reported.store(no, std::memory_order_release);
     }

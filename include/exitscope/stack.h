@@ -19,22 +19,22 @@ namespace exitscope {
 // One frame, innermost first in a ThreadStack. A frame that could not be resolved keeps its
 // address with an empty `function`.
 struct StackFrame {
-  uint64_t ip = 0;        // the instruction (first user frame) or the return address
-  uint64_t offset = 0;    // ip - the function's start (0 when unresolved)
-  std::string function;   // demangled: "exitscope::vmm::BlockDevice::Write", "anon_pipe_read"
-  std::string module;     // "/usr/lib/x86_64-linux-gnu/libc.so.6", "[kernel]"
-  std::string file;       // source file where DWARF says, else ""
-  uint32_t line = 0;      // 0 when unknown
+  uint64_t ip = 0;       // the instruction (first user frame) or the return address
+  uint64_t offset = 0;   // ip - the function's start (0 when unresolved)
+  std::string function;  // demangled: "exitscope::vmm::BlockDevice::Write", "anon_pipe_read"
+  std::string module;    // "/usr/lib/x86_64-linux-gnu/libc.so.6", "[kernel]"
+  std::string file;      // source file where DWARF says, else ""
+  uint32_t line = 0;     // 0 when unknown
 
   bool operator==(const StackFrame&) const = default;
 };
 
 // One capture of a stuck thread.
 struct ThreadStack {
-  int32_t tid = 0;          // the vCPU's thread id (0: none was captured)
-  char state = 0;           // /proc state letter ('R', 'S', 'D', ...), 0 when unknown
-  uint32_t capture = 0;     // 1, 2, 3...: which capture of this stall (1 = when found stuck)
-  uint32_t user_dropped = 0;    // user frames beyond the capture's limit (not kept)
+  int32_t tid = 0;                 // the vCPU's thread id (0: none was captured)
+  char state = 0;                  // /proc state letter ('R', 'S', 'D', ...), 0 when unknown
+  uint32_t capture = 0;            // 1, 2, 3...: which capture of this stall (1 = when found stuck)
+  uint32_t user_dropped = 0;       // user frames beyond the capture's limit (not kept)
   std::vector<StackFrame> user;    // innermost first
   std::vector<StackFrame> kernel;  // innermost first (/proc/self/task/TID/stack)
   // Why something is missing, one line: "kernel stack not readable (needs root)",
@@ -51,10 +51,10 @@ EXITSCOPE_EXPORT std::string FormatFrame(const StackFrame& f);
 
 // Counters of the stack captures (RecorderCounters holds the rest).
 struct StackCounters {
-  uint64_t captures = 0;        // captures attached to findings
-  uint64_t signal_timeouts = 0; // the thread did not run the handler in time (state D, masked)
-  uint64_t exit_changed = 0;    // the handler ran after the exit ended: nothing kept
-  uint64_t frames_dropped = 0;  // user frames beyond max_frames, summed
+  uint64_t captures = 0;          // captures attached to findings
+  uint64_t signal_timeouts = 0;   // the thread did not run the handler in time (state D, masked)
+  uint64_t exit_changed = 0;      // the handler ran after the exit ended: nothing kept
+  uint64_t frames_dropped = 0;    // user frames beyond max_frames, summed
   uint64_t captures_skipped = 0;  // stalls past captures_per_stall, or capture switched off
 };
 

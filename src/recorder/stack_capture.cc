@@ -58,8 +58,7 @@ void OnStackSignal(int /*signo*/, siginfo_t* /*info*/, void* ucontext) {
       const bool same = b->slot->exit_no.load(std::memory_order_relaxed) == b->expected_exit &&
                         b->slot->cur[0].load(std::memory_order_relaxed) != 0;
       if (same) Unwind(b, ucontext);
-      b->state.store(same ? CaptureBuffer::kDone : CaptureBuffer::kGone,
-                     std::memory_order_release);
+      b->state.store(same ? CaptureBuffer::kDone : CaptureBuffer::kGone, std::memory_order_release);
     }
   }
   errno = saved_errno;
@@ -126,6 +125,13 @@ std::vector<StackFrame> ParseKernelStack(std::string_view text, size_t max) {
     line.remove_prefix(sp + 2);
     StackFrame f;
     f.module = "[kernel]";
+    // "func+0x1/0x2 [module]" for a function of a kernel module
+    if (const size_t bracket = line.find(" ["); bracket != std::string_view::npos) {
+      std::string_view mod = line.substr(bracket + 2);
+      if (!mod.empty() && mod.back() == ']') mod.remove_suffix(1);
+      f.module = "[" + std::string(mod) + "]";
+      line = line.substr(0, bracket);
+    }
     const size_t plus = line.rfind('+');
     const size_t slash = line.rfind('/');
     if (plus != std::string_view::npos && slash != std::string_view::npos && slash > plus) {
@@ -133,13 +139,6 @@ std::vector<StackFrame> ParseKernelStack(std::string_view text, size_t max) {
       f.offset = Hex(line.substr(plus + 1, slash - plus - 1), &ok);
       if (!ok) f.offset = 0;
       line = line.substr(0, plus);
-    }
-    // "func [module]" for a function of a kernel module
-    if (const size_t bracket = line.find(" ["); bracket != std::string_view::npos) {
-      std::string_view mod = line.substr(bracket + 2);
-      if (!mod.empty() && mod.back() == ']') mod.remove_suffix(1);
-      f.module = "[" + std::string(mod) + "]";
-      line = line.substr(0, bracket);
     }
     if (line.empty()) continue;
     f.function = std::string(line);
@@ -170,7 +169,9 @@ StackSampler::StackSampler(const StackOptions& options, uint32_t num_vcpus)
   }
 }
 
-StackSampler::~StackSampler() { RemoveSignal(); }
+StackSampler::~StackSampler() {
+  RemoveSignal();
+}
 
 Status StackSampler::InstallSignal(int signo) {
   if (signo < SIGRTMIN || signo > SIGRTMAX) {
@@ -180,7 +181,8 @@ Status StackSampler::InstallSignal(int signo) {
   }
   std::lock_guard<std::mutex> lock(g_owner_mu);
   if (g_owner != nullptr && g_owner != this) {
-    return Fail(ErrorCode::kAlreadyExists, "another recorder in this process owns the stack signal");
+    return Fail(ErrorCode::kAlreadyExists,
+                "another recorder in this process owns the stack signal");
   }
   if (g_owner == this && signo == signo_) return {};
   if (g_owner == this) {
@@ -224,8 +226,8 @@ StackCounters StackSampler::counters() const noexcept {
   return c;
 }
 
-bool StackSampler::SignalUser(CaptureBuffer* b, int32_t tid, const VcpuSlot& slot,
-                              uint64_t exit_no, ThreadStack* out) {
+bool StackSampler::SignalUser(CaptureBuffer* b, int32_t tid, const VcpuSlot& slot, uint64_t exit_no,
+                              ThreadStack* out) {
   b->tid = tid;
   b->slot = &slot;
   b->expected_exit = exit_no;
@@ -277,8 +279,8 @@ bool StackSampler::SignalUser(CaptureBuffer* b, int32_t tid, const VcpuSlot& slo
   return true;
 }
 
-ThreadStack StackSampler::Capture(const Recorder& rec, uint32_t vcpu, const VcpuSlot& slot,
-                                  int32_t tid, uint64_t exit_no, uint32_t capture) {
+ThreadStack StackSampler::Capture(uint32_t vcpu, const VcpuSlot& slot, int32_t tid,
+                                  uint64_t exit_no, uint32_t capture) {
   ThreadStack s;
   s.tid = tid;
   s.capture = capture;
@@ -293,11 +295,12 @@ ThreadStack StackSampler::Capture(const Recorder& rec, uint32_t vcpu, const Vcpu
   if (ReadProc(TaskPath(tid, "stack"), &text, &err)) {
     s.kernel = ParseKernelStack(text, 64);
   } else {
-    notes.push_back("kernel stack not readable (" + TaskPath(tid, "stack") + ": " +
-                    std::strerror(err) + (err == EACCES || err == EPERM ? "; needs root)" : ")"));
+    // Said once, in the first capture that lacks it (no privilege does not come and go).
     if (!kernel_note_logged_) {
       kernel_note_logged_ = true;
-      rec.Log("exitscope: stack captures: " + notes.back() + "; said once");
+      notes.push_back("kernel stack not readable (" + TaskPath(tid, "stack") + ": " +
+                      std::strerror(err) +
+                      (err == EACCES || err == EPERM ? "; needs root); not said again" : ")"));
     }
   }
   const bool can_signal = signo_ != 0;
@@ -352,9 +355,17 @@ int32_t Recorder::thread_id(uint32_t vcpu) const noexcept {
   return vcpu < num_vcpus_ ? slots_[vcpu].tid.load(std::memory_order_relaxed) : 0;
 }
 
-Status Recorder::InstallStackSignal(int signo) { return impl_->stacks.InstallSignal(signo); }
-void Recorder::RemoveStackSignal() { impl_->stacks.RemoveSignal(); }
-void Recorder::SetStackCapture(bool on) noexcept { impl_->stacks.set_enabled(on); }
-StackCounters Recorder::stack_counters() const noexcept { return impl_->stacks.counters(); }
+Status Recorder::InstallStackSignal(int signo) {
+  return impl_->stacks.InstallSignal(signo);
+}
+void Recorder::RemoveStackSignal() {
+  impl_->stacks.RemoveSignal();
+}
+void Recorder::SetStackCapture(bool on) noexcept {
+  impl_->stacks.set_enabled(on);
+}
+StackCounters Recorder::stack_counters() const noexcept {
+  return impl_->stacks.counters();
+}
 
 }  // namespace exitscope

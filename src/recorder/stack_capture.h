@@ -73,10 +73,10 @@ class StackSampler {
   StackCounters counters() const noexcept;
 
   // Captures vCPU `vcpu` (slot `slot`, thread `tid`) inside exit `exit_no`. On the watchdog
-  // thread only. `capture` numbers it within its stall. Notes about what cannot be read at all
-  // (no privilege) are logged once through `log`.
-  ThreadStack Capture(const Recorder& rec, uint32_t vcpu, const VcpuSlot& slot, int32_t tid,
-                      uint64_t exit_no, uint32_t capture);
+  // thread only. `capture` numbers it within its stall. What cannot be read at all (the kernel
+  // stack without privilege) is said once, in the note of the first capture that lacks it.
+  ThreadStack Capture(uint32_t vcpu, const VcpuSlot& slot, int32_t tid, uint64_t exit_no,
+                      uint32_t capture);
   void CountSkipped() noexcept { skipped_.fetch_add(1, std::memory_order_relaxed); }
 
  private:

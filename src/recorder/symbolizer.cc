@@ -29,7 +29,9 @@ std::string FormatFrame(const StackFrame& f) {
     if (f.line != 0) s += ":" + std::to_string(f.line);
     s += ")";
   }
-  if (!f.module.empty()) {
+  if (f.module.starts_with("[")) {
+    s += " " + f.module;  // "[kernel]", "[kvm]"
+  } else if (!f.module.empty()) {
     const size_t slash = f.module.rfind('/');
     s += " [" + (slash == std::string::npos ? f.module : f.module.substr(slash + 1)) + "]";
   }
@@ -79,8 +81,8 @@ StackFrame Symbolizer::Lookup(uint64_t ip, bool exact) {
   Dwfl_Module* m = dwfl_addrmodule(dwfl_, addr);
   if (m == nullptr && Report()) m = dwfl_addrmodule(dwfl_, addr);  // loaded since
   if (m == nullptr) return f;
-  const char* mod = dwfl_module_info(m, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                                     nullptr);
+  const char* mod =
+      dwfl_module_info(m, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
   if (mod != nullptr) f.module = mod;
   GElf_Off off = 0;
   GElf_Sym sym;

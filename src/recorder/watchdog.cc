@@ -55,6 +55,7 @@ class Watchdog {
     ExitRecord record;      // resolved, as reported
     uint64_t seen_ns = 0;   // how long it had been inside when reported
     uint32_t captures = 0;  // stack captures made of this stall
+    ThreadStack last;       // the latest of them
   };
 
   // A capture of vCPU `v`'s thread inside exit `no` (empty when captures are off).
@@ -65,7 +66,7 @@ class Watchdog {
       sampler.CountSkipped();
       return {};
     }
-    return sampler.Capture(*rec, v, rec->slots_[v], tid, no, ++stall->captures);
+    return sampler.Capture(v, rec->slots_[v], tid, no, ++stall->captures);
   }
 
   // Captures a stall again at 4x, 16x... the threshold while the vCPU stays inside it.
@@ -83,10 +84,20 @@ class Watchdog {
     f.vcpu = v;
     f.text = "vCPU " + std::to_string(v) + ": still stuck in " +
              ExitDescription(*rec, stall->record) + " for " + FormatDurationNs(ns) +
-             " (stack capture " + std::to_string(st.capture) + " of " + std::to_string(limit) +
-             ")";
+             " (stack capture " + std::to_string(st.capture) + " of " + std::to_string(limit) + ")";
+    // A stack that has not changed is said in one line (a thread blocked in one call).
+    const bool same = st.user == stall->last.user && st.kernel == stall->last.kernel &&
+                      st.state == stall->last.state && !st.user.empty();
+    const std::string same_line = "    thread " + std::to_string(st.tid) + ", capture " +
+                                  std::to_string(st.capture) + ": the same stack as capture " +
+                                  std::to_string(stall->last.capture);
+    stall->last = st;
     f.stack = std::move(st);
-    rec->AddFinding(std::move(f), true);
+    if (same) {
+      rec->Log(f.text);
+      rec->Log(same_line);
+    }
+    rec->AddFinding(std::move(f), !same);
   }
 
   // If the stalled exit has ended and the vCPU did not claim its end finding (it ended before
@@ -166,6 +177,7 @@ class Watchdog {
       stall.captures = 0;
       slot.stalled.store(no, std::memory_order_release);
       f.stack = CaptureStack(rec, v, no, &stall);
+      stall.last = f.stack;
       rec->AddFinding(std::move(f), true);
       slot.begin_reported.store(no, std::memory_order_release);
     }

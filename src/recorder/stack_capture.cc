@@ -7,6 +7,7 @@
 #include <libunwind.h>
 #include <signal.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -47,8 +48,15 @@ void Unwind(CaptureBuffer* b, void* ucontext) {
   b->dropped = dropped;
 }
 
+uint64_t MonotonicNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);  // async-signal-safe
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
 void OnStackSignal(int /*signo*/, siginfo_t* /*info*/, void* ucontext) {
   const int saved_errno = errno;
+  const uint64_t t0 = MonotonicNs();
   CaptureBuffer* b = g_pending.load(std::memory_order_acquire);
   if (b != nullptr && b->tid == static_cast<int32_t>(syscall(SYS_gettid))) {
     uint32_t expect = CaptureBuffer::kPending;
@@ -58,6 +66,7 @@ void OnStackSignal(int /*signo*/, siginfo_t* /*info*/, void* ucontext) {
       const bool same = b->slot->exit_no.load(std::memory_order_relaxed) == b->expected_exit &&
                         b->slot->cur[0].load(std::memory_order_relaxed) != 0;
       if (same) Unwind(b, ucontext);
+      b->handler_ns = MonotonicNs() - t0;
       b->state.store(same ? CaptureBuffer::kDone : CaptureBuffer::kGone, std::memory_order_release);
     }
   }

@@ -56,6 +56,7 @@ struct CaptureBuffer {
   uint32_t cap = 0;
   uint32_t n = 0;
   uint32_t dropped = 0;
+  uint64_t handler_ns = 0;  // time the handler took (CLOCK_MONOTONIC), for bench/
   uint64_t* ips = nullptr;
 };
 
@@ -78,6 +79,8 @@ class StackSampler {
   ThreadStack Capture(uint32_t vcpu, const VcpuSlot& slot, int32_t tid, uint64_t exit_no,
                       uint32_t capture);
   void CountSkipped() noexcept { skipped_.fetch_add(1, std::memory_order_relaxed); }
+  // How long the stuck thread spent in the handler for `vcpu`'s last capture (bench/).
+  uint64_t last_handler_ns(uint32_t vcpu) const noexcept { return buffers_[vcpu].handler_ns; }
 
  private:
   bool SignalUser(CaptureBuffer* b, int32_t tid, const VcpuSlot& slot, uint64_t exit_no,

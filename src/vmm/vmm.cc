@@ -235,7 +235,9 @@ Status Vmm::Setup() {
     std::snprintf(note, sizeof(note), "marker 0x%x from vCPU %u", value, vcpu);
     recorder_->Note(debug_dev_, note);
   });
-  nvme_ = std::make_unique<NvmeBlock>(&mem_, std::move(bo));
+  auto nvme = NvmeBlock::Create(&mem_, std::move(bo));
+  if (!nvme) return Propagate(nvme);
+  nvme_ = std::move(*nvme);
   unassigned_ = std::make_unique<UnassignedLog>([this](std::string_view l) { Log(l); });
   dump_path_ =
       cfg_.dump_path.empty() ? "exitscope-" + std::to_string(getpid()) + ".esdump" : cfg_.dump_path;
@@ -283,6 +285,7 @@ void Vmm::VcpuThread(uint32_t i) {
 void Vmm::StopAll() {
   stop_.store(true, std::memory_order_release);
   if (halt_) halt_->KickAll();
+  if (nvme_) nvme_->CancelInjectedWaits();  // a doorbell waiting for a slow backend goes on
   std::lock_guard lock(mu_);
   if (running_ == 0) return;
   for (unsigned long t : threads_) pthread_kill(static_cast<pthread_t>(t), KickSignal());

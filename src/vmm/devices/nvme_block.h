@@ -12,11 +12,15 @@
 //              MDTS = 8 KiB per command, no PRP lists).
 // Threads: register accesses and doorbells run on the vCPU thread that exited; admin commands
 // complete there. I/O commands go to a bounded backend queue (Options::backend_depth I/Os
-// queued or in service); when it is full the doorbell waits for room, so a slow backend shows
-// up as a slow doorbell exit (and a queue-full event), as in VMMs that submit synchronously.
-// Worker threads pread/pwrite straight into guest memory and post completions (phase bit last)
-// and "interrupts": there is no irqchip, so an interrupt is a wakeup of the vCPU named by the
-// CQ's interrupt vector (its halt ends early).
+// queued, in service or being handed to the backend); when it is full the doorbell waits for
+// room, so a slow backend shows up as a slow doorbell exit (and a queue-full event), as in VMMs
+// that submit synchronously. Worker threads pread/pwrite straight into guest memory and post
+// completions (phase bit last) and "interrupts": there is no irqchip, so an interrupt is a
+// wakeup of the vCPU named by the CQ's interrupt vector (its halt ends early).
+// Injected backend delay (BackendFaults::delay_ms): the doorbell that submits every Nth I/O
+// hands it to a slow backend (injected_waits.h): it blocks in read() inside its exit until the
+// device's delay thread feeds its descriptor, delay_ms later; the I/O is in flight meanwhile
+// and holds one place of the backend queue.
 #pragma once
 
 #include <atomic>
@@ -24,12 +28,14 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "vmm/device.h"
+#include "vmm/devices/injected_waits.h"
 #include "vmm/guest_memory.h"
 
 namespace exitscope::vmm {
@@ -71,7 +77,7 @@ class BlockObserver {
 };
 
 struct BackendFaults {
-  uint64_t delay_ms = 0;     // delay the backend I/O by this much ...
+  uint64_t delay_ms = 0;     // the doorbell submitting an I/O waits this long for the backend ...
   uint64_t delay_every = 0;  // ... on every Nth I/O (1 = all); 0 = no delay
   uint64_t error_every = 0;  // fail every Nth I/O (the guest sees a media error); 0 = never
 };
@@ -88,7 +94,9 @@ class NvmeBlock final : public Device {
     std::function<void(uint16_t vector)> interrupt;  // wake the vCPU `vector`
   };
 
-  NvmeBlock(GuestMemory* mem, Options opts);
+  // Starts the workers (and the injected faults' threads). kIo when a fault's descriptors
+  // cannot be created.
+  static Result<std::unique_ptr<NvmeBlock>> Create(GuestMemory* mem, Options opts);
   ~NvmeBlock() override;
 
   bool Read(uint64_t offset, uint8_t* data, uint32_t size, AccessContext& ctx) override;
@@ -96,9 +104,13 @@ class NvmeBlock final : public Device {
 
   // Stops accepting work, wakes waiting doorbells and joins the workers. Idempotent.
   void Shutdown();
+  // Ends the injected waits in progress now (a doorbell waiting for the slow backend goes on)
+  // and skips later ones: the VM is stopping. The device keeps working. Any thread.
+  void CancelInjectedWaits();
 
   struct Stats {
     uint64_t submitted = 0, completed = 0, errors = 0, queue_full = 0, dropped_completions = 0;
+    uint64_t backend_waits = 0;  // injected backend delays waited out (or cut short by a stop)
   };
   Stats stats() const;
   uint32_t csts() const;
@@ -140,6 +152,7 @@ class NvmeBlock final : public Device {
     uint32_t seg_len[2] = {0, 0};
   };
 
+  NvmeBlock(GuestMemory* mem, Options opts);
   bool ReadReg(uint64_t offset, uint32_t size, uint64_t* v);
   bool WriteReg(uint64_t offset, uint32_t size, uint64_t v);
   void WriteCc(uint32_t v);                                               // requires mu_
@@ -169,15 +182,19 @@ class NvmeBlock final : public Device {
   Cq cqs_[nvme::kMaxQueues];
 
   std::mutex bq_mu_;  // backend queue
-  std::condition_variable bq_work_, bq_room_, stop_cv_;
+  std::condition_variable bq_work_, bq_room_;
   std::deque<IoRequest> backend_;
   uint32_t in_service_ = 0;
+  uint32_t handing_over_ = 0;  // submitted I/Os whose doorbell waits for the slow backend
+  uint64_t submit_count_ = 0;  // I/Os submitted (drives every-N backend delays)
   bool stopping_ = false;
   std::vector<std::thread> workers_;
 
   std::atomic<uint64_t> next_io_id_{1};
-  std::atomic<uint64_t> io_count_{0};  // backend I/Os started (drives every-N faults)
+  std::atomic<uint64_t> io_count_{0};  // backend I/Os started (drives every-N backend errors)
   std::atomic<uint64_t> submitted_{0}, completed_{0}, errors_{0}, queue_full_{0}, dropped_{0};
+
+  std::unique_ptr<SlowBackend> slow_;  // backend-delay; null when not injected
 };
 
 }  // namespace exitscope::vmm

@@ -165,6 +165,10 @@ void PrintSummary(const vmm::VmmConfig& cfg, const vmm::VmmResult& r) {
                  static_cast<unsigned long long>(r.block.completed),
                  static_cast<unsigned long long>(r.block.errors),
                  static_cast<unsigned long long>(r.block.queue_full));
+  if (r.block.backend_waits > 0 || r.block.lock_holds > 0)
+    std::fprintf(stderr, "  nvme0 injected: %llu backend delays, %llu lock holds\n",
+                 static_cast<unsigned long long>(r.block.backend_waits),
+                 static_cast<unsigned long long>(r.block.lock_holds));
   if (!r.kvm_stats_note.empty())
     std::fprintf(stderr, "  in-kernel exit counters unavailable: %s\n", r.kvm_stats_note.c_str());
   if (r.fatal) std::fprintf(stderr, "  fatal: %s\n", r.fatal_detail.c_str());
@@ -205,8 +209,11 @@ int RunMain(int argc, char** argv) {
       ->check(kNonNegativeInteger)
       ->default_val(mem_mb);
   app.add_option("--inject", injects,
-                 "fault injection, repeatable: delay:DEVICE[.REGISTER]:MS[:EVERY_N], "
-                 "backend-delay:DEVICE:MS[:EVERY_N], backend-error:DEVICE:EVERY_N");
+                 "fault injection, repeatable: delay:DEVICE[.REGISTER]:MS[:EVERY_N] (the vCPU "
+                 "sleeps in the exit), backend-delay:DEVICE:MS[:EVERY_N] (the doorbell waits MS "
+                 "for the backend), backend-error:DEVICE:EVERY_N, lock:DEVICE:MS:EVERY_N "
+                 "(another thread holds the device's lock MS before every Nth I/O); MS "
+                 "1..3600000, EVERY_N >= 1 (docs/vmm.md)");
   app.add_option("--slow", cfg.slow_ms,
                  "slow-exit threshold in ms, 1..3600000 (also the watchdog's stuck-vCPU threshold)")
       ->check(IntegerIn(1, 3'600'000, "ms"))

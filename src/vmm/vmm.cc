@@ -209,17 +209,22 @@ Status Vmm::Setup() {
   bo.disk_bytes = disk_bytes;
   bo.workers = cfg_.backend_workers;
   bo.backend_depth = cfg_.backend_depth;
+  EXITSCOPE_RETURN_IF_ERROR(CheckDeviceFaults(cfg_.injects, bus_, "nvme0"));
   for (const InjectSpec& s : cfg_.injects) {
-    if (s.kind == InjectSpec::Kind::kDelay) continue;
-    if (s.device != "nvme0")
-      return Fail(ErrorCode::kInvalidArgument,
-                  "--inject " + s.text + ": device '" + s.device +
-                      "' has no backend (backend faults apply to nvme0)");
-    if (s.kind == InjectSpec::Kind::kBackendDelay) {
-      bo.faults.delay_ms = s.ms;
-      bo.faults.delay_every = s.every;
-    } else {
-      bo.faults.error_every = s.every;
+    switch (s.kind) {
+      case InjectSpec::Kind::kDelay:
+        break;
+      case InjectSpec::Kind::kBackendDelay:
+        bo.faults.delay_ms = s.ms;
+        bo.faults.delay_every = s.every;
+        break;
+      case InjectSpec::Kind::kBackendError:
+        bo.faults.error_every = s.every;
+        break;
+      case InjectSpec::Kind::kLock:
+        bo.lock_fault.hold_ms = s.ms;
+        bo.lock_fault.every = s.every;
+        break;
     }
   }
   halt_ = std::make_unique<HaltWaiter>(cfg_.vcpus, cfg_.halt_tick_us);

@@ -94,8 +94,10 @@ class NvmeTest : public ::testing::Test {
     close(fd);
     unlink(path.c_str());
   }
-  void Make(BackendFaults faults = {}, uint32_t depth = 4, uint32_t workers = 2) {
+  void Make(BackendFaults faults = {}, uint32_t depth = 4, uint32_t workers = 2,
+            LockFault lock = {}) {
     NvmeBlock::Options o;
+    o.lock_fault = lock;
     o.fd = fd;
     o.disk_bytes = 1 << 20;
     o.workers = workers;
@@ -464,6 +466,88 @@ TEST_F(NvmeTest, CancelledBackendDelayLetsTheDoorbellGoOn) {
   Sqe(io, 0x01, 1, kBuf, 8, 0, 7);
   W(kDoorbells + 8, io.tail);  // cancelled: no wait
   EXPECT_EQ(Reap(io).first, kSuccess);
+}
+
+// lock: before every Nth I/O command the device's holder thread takes the device's lock and
+// keeps it MS. The doorbell finds it held (the handshake makes sure of it) and waits for it
+// inside its handler, in pthread_mutex_lock (a futex wait), until the holder lets go.
+TEST_F(NvmeTest, InjectedLockHoldBlocksTheDoorbellOnTheDeviceLock) {
+  Make({}, 4, 2, LockFault{.hold_ms = 300, .every = 3});
+  Enable();
+  CreateIoQueues();
+  Sqe(io, 0x02, 1, kBuf, 0, 0, 7);  // I/O commands 1 and 2: no hold
+  Sqe(io, 0x02, 1, kBuf, 8, 0, 7);
+  const auto fast0 = steady_clock::now();
+  W(kDoorbells + 8, io.tail);
+  EXPECT_LT(steady_clock::now() - fast0, milliseconds(300));
+  EXPECT_EQ(Reap(io).first, kSuccess);
+  EXPECT_EQ(Reap(io).first, kSuccess);
+  EXPECT_EQ(dev->stats().lock_holds, 0u);
+
+  Sqe(io, 0x02, 1, kBuf, 16, 0, 7);  // I/O command 3: held
+  std::atomic<pid_t> tid{0};
+  std::atomic<bool> returned{false};
+  const auto t0 = steady_clock::now();
+  std::thread doorbell([&] {
+    tid = static_cast<pid_t>(syscall(SYS_gettid));
+    W(kDoorbells + 8, io.tail);
+    returned = true;
+  });
+  bool seen_on_lock = false;
+  while (!returned) {
+    // The holder has the lock (counted once taken) and the doorbell thread waits in a futex.
+    if (tid != 0 && dev->stats().lock_holds == 1 && BlockedIn(tid) == SYS_futex)
+      seen_on_lock = true;
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  doorbell.join();
+  const auto waited = steady_clock::now() - t0;
+  EXPECT_TRUE(seen_on_lock) << "the doorbell thread was never seen waiting on the lock";
+  EXPECT_GE(waited, milliseconds(300));  // no upper bound: machines are noisy
+  EXPECT_EQ(Reap(io).first, kSuccess);
+  EXPECT_EQ(dev->stats().lock_holds, 1u);
+  EXPECT_EQ(dev->stats().completed, 3u);
+}
+
+// The holds are deterministic: every Nth command, counted across doorbells and within one.
+TEST_F(NvmeTest, InjectedLockHoldsComeEveryNthIoCommand) {
+  Make({}, 8, 2, LockFault{.hold_ms = 20, .every = 2});
+  Enable();
+  CreateIoQueues();
+  for (int i = 0; i < 5; ++i) Sqe(io, 0x00, 1, 0, 0, 0);  // five flushes in one doorbell
+  const auto t0 = steady_clock::now();
+  W(kDoorbells + 8, io.tail);
+  EXPECT_GE(steady_clock::now() - t0, milliseconds(40));
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(Reap(io).first, kSuccess);
+  EXPECT_EQ(dev->stats().lock_holds, 2u);  // before commands 2 and 4
+  Sqe(io, 0x00, 1, 0, 0, 0);               // command 6
+  W(kDoorbells + 8, io.tail);
+  EXPECT_EQ(Reap(io).first, kSuccess);
+  EXPECT_EQ(dev->stats().lock_holds, 3u);
+}
+
+// A stopping VM cancels a hold in progress: the doorbell gets the lock at once.
+TEST_F(NvmeTest, CancelledLockHoldLetsTheDoorbellGoOn) {
+  Make({}, 4, 2, LockFault{.hold_ms = 3'600'000, .every = 1});
+  Enable();
+  CreateIoQueues();
+  Sqe(io, 0x00, 1, 0, 0, 0);
+  std::atomic<bool> returned{false};
+  std::thread doorbell([&] {
+    W(kDoorbells + 8, io.tail);
+    returned = true;
+  });
+  for (int i = 0; i < 1000 && dev->stats().lock_holds == 0; ++i)
+    std::this_thread::sleep_for(milliseconds(1));
+  std::this_thread::sleep_for(milliseconds(50));
+  EXPECT_FALSE(returned);
+  dev->CancelInjectedWaits();
+  doorbell.join();
+  EXPECT_EQ(Reap(io).first, kSuccess);
+  Sqe(io, 0x00, 1, 0, 0, 0);
+  W(kDoorbells + 8, io.tail);  // cancelled: no hold
+  EXPECT_EQ(Reap(io).first, kSuccess);
+  EXPECT_EQ(dev->stats().lock_holds, 1u);
 }
 
 TEST_F(NvmeTest, CompletionsBeyondAFullCqWaitForTheHeadDoorbell) {

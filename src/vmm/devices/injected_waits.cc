@@ -114,4 +114,51 @@ void SlowBackend::DelayThread() {
   }
 }
 
+LockHolder::LockHolder(std::mutex& lock, uint64_t hold_ms, const std::string& name)
+    : lock_(lock), hold_(static_cast<int64_t>(hold_ms)) {
+  thread_ = std::thread([this] { Run(); });
+  NameThread(thread_, name);
+}
+
+LockHolder::~LockHolder() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void LockHolder::HandOver() {
+  std::unique_lock lock(mu_);
+  if (cancelled_ || stopping_) return;
+  const uint64_t ticket = ++requested_;
+  cv_.notify_all();
+  cv_.wait(lock, [&] { return taken_ >= ticket || cancelled_ || stopping_; });
+}
+
+void LockHolder::Cancel() {
+  {
+    std::lock_guard lock(mu_);
+    cancelled_ = true;
+  }
+  cv_.notify_all();
+}
+
+void LockHolder::Run() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stopping_ || (taken_ < requested_ && !cancelled_); });
+    if (stopping_) return;
+    lock.unlock();
+    lock_.lock();  // the device's lock: may wait for its current owner
+    lock.lock();
+    ++taken_;
+    holds_.fetch_add(1, std::memory_order_relaxed);
+    cv_.notify_all();  // the caller may go on, and find the device's lock held
+    cv_.wait_for(lock, hold_, [&] { return cancelled_ || stopping_; });
+    lock_.unlock();
+  }
+}
+
 }  // namespace exitscope::vmm

@@ -79,4 +79,34 @@ class SlowBackend {
   std::thread thread_;
 };
 
+class LockHolder {
+ public:
+  // Starts the holder thread (named `name`) for the lock `mu`, which must outlive it.
+  LockHolder(std::mutex& mu, uint64_t hold_ms, const std::string& name);
+  ~LockHolder();
+  LockHolder(const LockHolder&) = delete;
+  LockHolder& operator=(const LockHolder&) = delete;
+
+  // Wakes the holder and returns once it holds `mu`; it keeps it hold_ms, then releases it.
+  // The caller (which must not hold `mu`) then finds the lock held. Returns at once after
+  // Cancel. Any number of threads; each call is one hold, served in order.
+  void HandOver();
+  // Releases a hold in progress now and makes later HandOver calls return at once.
+  void Cancel();
+  uint64_t holds() const noexcept { return holds_.load(std::memory_order_relaxed); }
+  uint64_t hold_ms() const noexcept { return static_cast<uint64_t>(hold_.count()); }
+
+ private:
+  void Run();
+
+  std::mutex& lock_;  // the device's lock
+  const std::chrono::milliseconds hold_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t requested_ = 0, taken_ = 0;  // tickets: HandOver n returns once taken_ >= n
+  bool cancelled_ = false, stopping_ = false;
+  std::atomic<uint64_t> holds_{0};
+  std::thread thread_;
+};
+
 }  // namespace exitscope::vmm

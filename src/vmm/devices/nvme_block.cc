@@ -36,6 +36,9 @@ Result<std::unique_ptr<NvmeBlock>> NvmeBlock::Create(GuestMemory* mem, Options o
     if (!slow) return Propagate(slow);
     dev->slow_ = std::move(*slow);
   }
+  const LockFault& lf = dev->opts_.lock_fault;
+  if (lf.hold_ms != 0 && lf.every != 0)
+    dev->lock_holder_ = std::make_unique<LockHolder>(dev->mu_, lf.hold_ms, "nvme-lock");
   for (uint32_t i = 0; i < dev->opts_.workers; ++i)
     dev->workers_.emplace_back([p = dev.get()] { p->Worker(); });
   return dev;
@@ -60,6 +63,7 @@ void NvmeBlock::Shutdown() {
 
 void NvmeBlock::CancelInjectedWaits() {
   if (slow_) slow_->Cancel();
+  if (lock_holder_) lock_holder_->Cancel();
 }
 
 NvmeBlock::Stats NvmeBlock::stats() const {
@@ -70,6 +74,7 @@ NvmeBlock::Stats NvmeBlock::stats() const {
   s.queue_full = queue_full_.load();
   s.dropped_completions = dropped_.load();
   s.backend_waits = slow_ ? slow_->waits() : 0;
+  s.lock_holds = lock_holder_ ? lock_holder_->holds() : 0;
   return s;
 }
 
@@ -207,14 +212,30 @@ void NvmeBlock::WriteCc(uint32_t v) {
   if (v >> 14 & 3) csts_ = (csts_ & ~0xcu) | (2u << 2);  // shutdown requested: complete
 }
 
+__attribute__((noinline)) void NvmeBlock::LockDevice(std::unique_lock<std::mutex>& lock) {
+  lock.lock();
+  asm volatile("" ::: "memory");  // keeps this frame: no tail call into pthread_mutex_lock
+}
+
 void NvmeBlock::RingSq(uint16_t qid, uint32_t tail) {
   std::vector<IoRequest> ios;
   {
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_, std::defer_lock);
+    LockDevice(lock);
     Sq& sq = sqs_[qid];
     if (!sq.valid || !(csts_ & kCsRdy) || tail >= sq.size) return;  // ignored, as hardware
     sq.tail = tail;
     while (sq.head != sq.tail) {
+      if (qid != 0 && lock_holder_ && ++io_commands_ % opts_.lock_fault.every == 0) {
+        // Injected contention: the holder thread takes the device's lock (HandOver returns
+        // once it has) and keeps it hold_ms; this doorbell then waits for it in LockDevice.
+        const uint64_t generation = generation_;
+        lock.unlock();
+        lock_holder_->HandOver();
+        LockDevice(lock);
+        if (!sq.valid || !(csts_ & kCsRdy) || generation_ != generation) break;  // reset meanwhile
+        if (sq.head == sq.tail) break;  // another doorbell of this queue took the rest
+      }
       Sqe e;
       if (!mem_->ReadObj(sq.base + uint64_t{sq.head} * 64, &e)) {
         csts_ |= kCsCfs;

@@ -21,6 +21,10 @@
 // hands it to a slow backend (injected_waits.h): it blocks in read() inside its exit until the
 // device's delay thread feeds its descriptor, delay_ms later; the I/O is in flight meanwhile
 // and holds one place of the backend queue.
+// Injected lock contention (LockFault): before every Nth I/O command of a submission queue is
+// taken, the doorbell lets go of the device's lock, has the device's holder thread take it
+// (LockHolder, injected_waits.h) for hold_ms, and waits for it again in LockDevice: blocked in
+// pthread_mutex_lock inside its exit.
 #pragma once
 
 #include <atomic>
@@ -82,6 +86,11 @@ struct BackendFaults {
   uint64_t error_every = 0;  // fail every Nth I/O (the guest sees a media error); 0 = never
 };
 
+struct LockFault {
+  uint64_t hold_ms = 0;  // another thread holds the device's lock this long ...
+  uint64_t every = 0;    // ... before every Nth I/O command is taken; 0 = never
+};
+
 class NvmeBlock final : public Device {
  public:
   struct Options {
@@ -90,6 +99,7 @@ class NvmeBlock final : public Device {
     uint32_t workers = 2;        // backend threads
     uint32_t backend_depth = 4;  // I/Os queued or in service before doorbells wait
     BackendFaults faults;
+    LockFault lock_fault;
     BlockObserver* observer = nullptr;               // not owned; may be null
     std::function<void(uint16_t vector)> interrupt;  // wake the vCPU `vector`
   };
@@ -111,6 +121,7 @@ class NvmeBlock final : public Device {
   struct Stats {
     uint64_t submitted = 0, completed = 0, errors = 0, queue_full = 0, dropped_completions = 0;
     uint64_t backend_waits = 0;  // injected backend delays waited out (or cut short by a stop)
+    uint64_t lock_holds = 0;     // injected lock holds
   };
   Stats stats() const;
   uint32_t csts() const;
@@ -155,8 +166,10 @@ class NvmeBlock final : public Device {
   NvmeBlock(GuestMemory* mem, Options opts);
   bool ReadReg(uint64_t offset, uint32_t size, uint64_t* v);
   bool WriteReg(uint64_t offset, uint32_t size, uint64_t v);
-  void WriteCc(uint32_t v);                                               // requires mu_
-  void RingSq(uint16_t qid, uint32_t tail);                               // takes mu_ itself
+  void WriteCc(uint32_t v);                  // requires mu_
+  void RingSq(uint16_t qid, uint32_t tail);  // takes mu_ itself
+  // Takes mu_ for a doorbell (not inlined: a thread waiting here is waiting for the device).
+  void LockDevice(std::unique_lock<std::mutex>& lock);
   void RingCq(uint16_t qid, uint32_t head);                               // requires mu_
   void Post(uint16_t sqid, uint16_t cid, uint16_t status, uint32_t dw0);  // requires mu_
   void PostLocked(Cq& cq, const Completion& c);                           // requires mu_
@@ -194,7 +207,9 @@ class NvmeBlock final : public Device {
   std::atomic<uint64_t> io_count_{0};  // backend I/Os started (drives every-N backend errors)
   std::atomic<uint64_t> submitted_{0}, completed_{0}, errors_{0}, queue_full_{0}, dropped_{0};
 
-  std::unique_ptr<SlowBackend> slow_;  // backend-delay; null when not injected
+  std::unique_ptr<SlowBackend> slow_;        // backend-delay; null when not injected
+  std::unique_ptr<LockHolder> lock_holder_;  // lock; null when not injected
+  uint64_t io_commands_ = 0;                 // I/O commands taken (requires mu_; lock faults)
 };
 
 }  // namespace exitscope::vmm

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -312,7 +313,10 @@ int RunMain(int argc, char** argv) {
   auto result = (*vm)->Run();
   if (metrics) {
     metrics->Collect();
-    for (double left = linger_s; left > 0 && !g_stop_linger.load(); left -= 0.1) ::usleep(100'000);
+    // Up to the deadline, not by counting sleeps: a signal cuts a usleep short.
+    const auto until = std::chrono::steady_clock::now() +
+                       std::chrono::microseconds(static_cast<int64_t>(linger_s * 1e6));
+    while (!g_stop_linger.load() && std::chrono::steady_clock::now() < until) ::usleep(100'000);
   }
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);

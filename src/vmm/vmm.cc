@@ -24,9 +24,10 @@ namespace exitscope::vmm {
 namespace {
 
 // vCPU threads are kicked out of KVM_RUN with this signal; the handler sets immediate_exit
-// so a kick that lands just before KVM_RUN is not lost.
+// so a kick that lands just before KVM_RUN is not lost. Not SIGRTMIN + 2: `exitscope run`
+// gives that one to the recorder's stack captures (Recorder::InstallStackSignal).
 int KickSignal() {
-  return SIGRTMIN + 2;
+  return SIGRTMIN + 3;
 }
 thread_local kvm_run* t_kick_run = nullptr;
 extern "C" void KickHandler(int) {

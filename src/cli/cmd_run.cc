@@ -4,7 +4,8 @@
 //
 //   exitscope run [--vcpus N] [--guest NAME|PATH] [--serial PATH] [--disk PATH]
 //                 [--inject SPEC]... [--slow MS] [--dump PATH] [--duration SECONDS]
-//                 [--no-record] [--format table|json|csv|html|timeline] [-o FILE] [--list-guests]
+//                 [--no-record] [--no-stacks] [--format table|json|csv|html|timeline] [-o FILE]
+//                 [--list-guests]
 //                 [--metrics ADDR:PORT [--linger SECONDS]]
 //
 // Exit status: 0 the guest passed (or --duration stopped it without a failure), 1 the guest
@@ -187,7 +188,7 @@ int RunMain(int argc, char** argv) {
   vmm::VmmConfig cfg;
   std::vector<std::string> injects;
   std::string format = "table";
-  bool list = false, no_record = false, no_dump = false;
+  bool list = false, no_record = false, no_dump = false, no_stacks = false;
   uint64_t disk_mb = 16, mem_mb = ES_DEFAULT_MEM_SIZE >> 20;
   std::string metrics_listen;
   double linger_s = 0;
@@ -236,6 +237,9 @@ int RunMain(int argc, char** argv) {
                  "stop the guest after SECONDS, 0..31536000 (default: when it ends)")
       ->check(NumberIn(0, 31'536'000, "s"));
   app.add_flag("--no-record", no_record, "run without the recorder (for overhead comparisons)");
+  app.add_flag("--no-stacks", no_stacks,
+               "no stack captures of stuck vCPU threads (default: the watchdog captures them, "
+               "user stacks through signal SIGRTMIN+2)");
   app.add_option("--format", format,
                  "the end-of-run report's format: " + report::FormatChoices(report::Need::kFile))
       ->default_val("table");
@@ -292,6 +296,17 @@ int RunMain(int argc, char** argv) {
   }
   auto vm = vmm::Vmm::Create(cfg);
   if (!vm) return FailWith(self, vm.error());
+  if (Recorder* rec = (*vm)->recorder()) {
+    // Stack captures of stuck vCPU threads (docs/vmm.md): the watchdog signals a stuck thread
+    // with SIGRTMIN+2 and the thread unwinds itself. Without the signal, captures keep the
+    // thread's state and kernel stack only.
+    if (no_stacks) {
+      rec->SetStackCapture(false);
+    } else if (Status s = rec->InstallStackSignal(SIGRTMIN + 2); !s) {
+      std::fprintf(stderr, "%s: stack captures without user stacks: %s\n", self,
+                   s.error().message.c_str());
+    }
+  }
   std::unique_ptr<MetricsExporter> metrics;  // destroyed before the Vmm and its recorder
   if (!metrics_listen.empty()) {
     auto m = MetricsExporter::Start(*(*vm)->recorder(), mopts);

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "exitscope/recorder.h"
 #include "guests/abi.h"
 
 namespace exitscope::vmm {
@@ -548,6 +549,72 @@ TEST_F(NvmeTest, CancelledLockHoldLetsTheDoorbellGoOn) {
   W(kDoorbells + 8, io.tail);  // cancelled: no hold
   EXPECT_EQ(Reap(io).first, kSuccess);
   EXPECT_EQ(dev->stats().lock_holds, 1u);
+}
+
+// What the watchdog's stack capture of a doorbell stuck in each injected wait shows, the
+// doorbell's exit recorded as a vCPU loop records it: read() under BackendWait for
+// backend-delay, the device's lock (LockDevice) for lock.
+class NvmeStackTest : public NvmeTest {
+ protected:
+  // Rings the I/O SQ doorbell inside a recorded MMIO exit on another thread; returns the
+  // user frames' function names of the first stuck finding's capture ("" when none).
+  std::string StuckDoorbellStack() {
+    RecorderOptions ro;
+    ro.num_vcpus = 1;
+    ro.slow_exit.log = false;
+    ro.watchdog.stuck_exit_ns = 100'000'000;  // 100 ms
+    auto rec = Recorder::Create(ro);
+    EXPECT_TRUE(rec) << rec.error().message;
+    if (!rec) return "";
+    (*rec)->SetLogSink([](std::string_view) {});
+    if (Status st = (*rec)->InstallStackSignal(SIGRTMIN + 2); !st) {
+      ADD_FAILURE() << st.error().message;
+      return "";
+    }
+    Sqe(io, 0x02, 1, kBuf, 0, 0, 7);
+    const uint32_t tail = io.tail;
+    std::thread vcpu([&] {
+      (*rec)->BeginExit(0, ExitKind::kMmio, ES_NVME_BASE + kDoorbells + 8, 4, AccessDir::kWrite,
+                        tail);
+      W(kDoorbells + 8, tail);
+      (*rec)->EndExit(0);
+    });
+    vcpu.join();
+    EXPECT_EQ(Reap(io).first, kSuccess);
+    std::string names;
+    for (const FindingRecord& f : (*rec)->Findings()) {
+      if (f.type != FindingType::kStuckExitBegin) continue;
+      for (const StackFrame& fr : f.stack.user) names += fr.function + "\n";
+      if (f.stack.user.empty()) names = "(no user frames: " + f.stack.note + ")";
+      break;
+    }
+    (*rec)->RemoveStackSignal();
+    return names;
+  }
+};
+
+TEST_F(NvmeStackTest, ABackendDelayShowsReadUnderBackendWaitInTheDoorbell) {
+  BackendFaults f;
+  f.delay_ms = 400;
+  f.delay_every = 1;
+  Make(f);
+  Enable();
+  CreateIoQueues();
+  const std::string stack = StuckDoorbellStack();
+  EXPECT_NE(stack.find("exitscope::vmm::BackendWait"), std::string::npos) << stack;
+  EXPECT_NE(stack.find("NvmeBlock::Submit"), std::string::npos) << stack;
+  EXPECT_NE(stack.find("NvmeBlock::RingSq"), std::string::npos) << stack;
+  EXPECT_EQ(stack.find("LockDevice"), std::string::npos) << stack;
+}
+
+TEST_F(NvmeStackTest, AHeldLockShowsTheDoorbellWaitingInLockDevice) {
+  Make({}, 4, 2, LockFault{.hold_ms = 400, .every = 1});
+  Enable();
+  CreateIoQueues();
+  const std::string stack = StuckDoorbellStack();
+  EXPECT_NE(stack.find("NvmeBlock::LockDevice"), std::string::npos) << stack;
+  EXPECT_NE(stack.find("NvmeBlock::RingSq"), std::string::npos) << stack;
+  EXPECT_EQ(stack.find("BackendWait"), std::string::npos) << stack;
 }
 
 TEST_F(NvmeTest, CompletionsBeyondAFullCqWaitForTheHeadDoorbell) {

@@ -4,7 +4,8 @@
 //
 //   exitscope run [--vcpus N] [--guest NAME|PATH] [--serial PATH] [--disk PATH]
 //                 [--inject SPEC]... [--slow MS] [--dump PATH] [--duration SECONDS]
-//                 [--no-record] [--format table|json|csv|html|timeline] [-o FILE] [--list-guests]
+//                 [--no-record] [--no-stacks] [--format table|json|csv|html|timeline] [-o FILE]
+//                 [--list-guests]
 //                 [--metrics ADDR:PORT [--linger SECONDS]]
 //
 // Exit status: 0 the guest passed (or --duration stopped it without a failure), 1 the guest
@@ -15,6 +16,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -165,6 +167,10 @@ void PrintSummary(const vmm::VmmConfig& cfg, const vmm::VmmResult& r) {
                  static_cast<unsigned long long>(r.block.completed),
                  static_cast<unsigned long long>(r.block.errors),
                  static_cast<unsigned long long>(r.block.queue_full));
+  if (r.block.backend_waits > 0 || r.block.lock_holds > 0)
+    std::fprintf(stderr, "  nvme0 injected: %llu backend delays, %llu lock holds\n",
+                 static_cast<unsigned long long>(r.block.backend_waits),
+                 static_cast<unsigned long long>(r.block.lock_holds));
   if (!r.kvm_stats_note.empty())
     std::fprintf(stderr, "  in-kernel exit counters unavailable: %s\n", r.kvm_stats_note.c_str());
   if (r.fatal) std::fprintf(stderr, "  fatal: %s\n", r.fatal_detail.c_str());
@@ -182,7 +188,7 @@ int RunMain(int argc, char** argv) {
   vmm::VmmConfig cfg;
   std::vector<std::string> injects;
   std::string format = "table";
-  bool list = false, no_record = false, no_dump = false;
+  bool list = false, no_record = false, no_dump = false, no_stacks = false;
   uint64_t disk_mb = 16, mem_mb = ES_DEFAULT_MEM_SIZE >> 20;
   std::string metrics_listen;
   double linger_s = 0;
@@ -205,8 +211,11 @@ int RunMain(int argc, char** argv) {
       ->check(kNonNegativeInteger)
       ->default_val(mem_mb);
   app.add_option("--inject", injects,
-                 "fault injection, repeatable: delay:DEVICE[.REGISTER]:MS[:EVERY_N], "
-                 "backend-delay:DEVICE:MS[:EVERY_N], backend-error:DEVICE:EVERY_N");
+                 "fault injection, repeatable: delay:DEVICE[.REGISTER]:MS[:EVERY_N] (the vCPU "
+                 "sleeps in the exit), backend-delay:DEVICE:MS[:EVERY_N] (the doorbell waits MS "
+                 "for the backend), backend-error:DEVICE:EVERY_N, lock:DEVICE:MS:EVERY_N "
+                 "(another thread holds the device's lock MS before every Nth I/O); MS "
+                 "1..3600000, EVERY_N >= 1 (docs/vmm.md)");
   app.add_option("--slow", cfg.slow_ms,
                  "slow-exit threshold in ms, 1..3600000 (also the watchdog's stuck-vCPU threshold)")
       ->check(IntegerIn(1, 3'600'000, "ms"))
@@ -228,6 +237,9 @@ int RunMain(int argc, char** argv) {
                  "stop the guest after SECONDS, 0..31536000 (default: when it ends)")
       ->check(NumberIn(0, 31'536'000, "s"));
   app.add_flag("--no-record", no_record, "run without the recorder (for overhead comparisons)");
+  app.add_flag("--no-stacks", no_stacks,
+               "no stack captures of stuck vCPU threads (default: the watchdog captures them, "
+               "user stacks through signal SIGRTMIN+2)");
   app.add_option("--format", format,
                  "the end-of-run report's format: " + report::FormatChoices(report::Need::kFile))
       ->default_val("table");
@@ -284,6 +296,17 @@ int RunMain(int argc, char** argv) {
   }
   auto vm = vmm::Vmm::Create(cfg);
   if (!vm) return FailWith(self, vm.error());
+  if (Recorder* rec = (*vm)->recorder()) {
+    // Stack captures of stuck vCPU threads (docs/vmm.md): the watchdog signals a stuck thread
+    // with SIGRTMIN+2 and the thread unwinds itself. Without the signal, captures keep the
+    // thread's state and kernel stack only.
+    if (no_stacks) {
+      rec->SetStackCapture(false);
+    } else if (Status s = rec->InstallStackSignal(SIGRTMIN + 2); !s) {
+      std::fprintf(stderr, "%s: stack captures without user stacks: %s\n", self,
+                   s.error().message.c_str());
+    }
+  }
   std::unique_ptr<MetricsExporter> metrics;  // destroyed before the Vmm and its recorder
   if (!metrics_listen.empty()) {
     auto m = MetricsExporter::Start(*(*vm)->recorder(), mopts);
@@ -305,7 +328,10 @@ int RunMain(int argc, char** argv) {
   auto result = (*vm)->Run();
   if (metrics) {
     metrics->Collect();
-    for (double left = linger_s; left > 0 && !g_stop_linger.load(); left -= 0.1) ::usleep(100'000);
+    // Up to the deadline, not by counting sleeps: a signal cuts a usleep short.
+    const auto until = std::chrono::steady_clock::now() +
+                       std::chrono::microseconds(static_cast<int64_t>(linger_s * 1e6));
+    while (!g_stop_linger.load() && std::chrono::steady_clock::now() < until) ::usleep(100'000);
   }
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);

@@ -44,7 +44,8 @@ Result<InjectSpec> ParseInjectSpec(std::string_view text) {
     return Fail(ErrorCode::kInvalidArgument,
                 "--inject " + t + ": " + std::string(why) +
                     " (expected delay:DEVICE[.REGISTER]:MS[:EVERY_N], "
-                    "backend-delay:DEVICE:MS[:EVERY_N] or backend-error:DEVICE:EVERY_N)");
+                    "backend-delay:DEVICE:MS[:EVERY_N], backend-error:DEVICE:EVERY_N or "
+                    "lock:DEVICE:MS:EVERY_N)");
   };
   if (f.size() < 3) return usage("too few fields");
   if (f[1].empty()) return usage("empty device name");
@@ -82,7 +83,41 @@ Result<InjectSpec> ParseInjectSpec(std::string_view text) {
     s.every = *every;
     return s;
   }
+  if (f[0] == "lock") {
+    if (f.size() != 4) return usage("lock takes exactly DEVICE:MS:EVERY_N");
+    if (f[1].find('.') != std::string_view::npos)
+      return usage("lock takes a device, not a register");
+    s.kind = InjectSpec::Kind::kLock;
+    s.device = std::string(f[1]);
+    auto ms = Number(t, f[2], "lock hold in ms", 1);
+    if (!ms) return Propagate(ms);
+    s.ms = *ms;
+    auto every = Number(t, f[3], "EVERY_N", 1);
+    if (!every) return Propagate(every);
+    s.every = *every;
+    return s;
+  }
   return usage("unknown kind '" + std::string(f[0]) + "'");
+}
+
+Status CheckDeviceFaults(const std::vector<InjectSpec>& specs, const AddressSpace& space,
+                         std::string_view device) {
+  for (const InjectSpec& s : specs) {
+    if (s.kind == InjectSpec::Kind::kDelay) continue;
+    if (!space.FindDevice(s.device))
+      return Fail(ErrorCode::kInvalidArgument,
+                  "--inject " + s.text + ": no device named '" + s.device + "'");
+    if (s.device == device) continue;
+    if (s.kind == InjectSpec::Kind::kLock)
+      return Fail(ErrorCode::kInvalidArgument, "--inject " + s.text + ": device '" + s.device +
+                                                   "' has no lock to contend (lock faults apply "
+                                                   "to " +
+                                                   std::string(device) + ")");
+    return Fail(ErrorCode::kInvalidArgument, "--inject " + s.text + ": device '" + s.device +
+                                                 "' has no backend (backend faults apply to " +
+                                                 std::string(device) + ")");
+  }
+  return {};
 }
 
 Result<std::unique_ptr<ExitDelayInjector>> ExitDelayInjector::Bind(

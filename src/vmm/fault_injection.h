@@ -4,10 +4,13 @@
 //                                         (every Nth matching exit; default every one)
 //   backend-delay:DEVICE:MS[:EVERY_N]     delay the device's backend I/O by MS (every Nth I/O)
 //   backend-error:DEVICE:EVERY_N          fail every Nth backend I/O (the guest sees an error)
+//   lock:DEVICE:MS:EVERY_N                another thread holds the device's lock for MS before
+//                                         every Nth I/O is handled (lock contention in the exit)
 //
 // DEVICE is a device name ("nvme0", "uart0"); REGISTER a register name of its map, with an
 // array element index where the map has arrays ("SQ1TDBL"). Names are checked against the
-// address space when the rules are bound (Bind), so a typo is a usage error before the VM runs.
+// address space when the rules are bound (Bind, CheckDeviceFaults), so a typo is a usage error
+// before the VM runs.
 #pragma once
 
 #include <atomic>
@@ -23,7 +26,7 @@
 namespace exitscope::vmm {
 
 struct InjectSpec {
-  enum class Kind : uint8_t { kDelay, kBackendDelay, kBackendError };
+  enum class Kind : uint8_t { kDelay, kBackendDelay, kBackendError, kLock };
   Kind kind = Kind::kDelay;
   std::string device;
   std::string reg;  // kDelay only; empty = every register of the device
@@ -34,6 +37,12 @@ struct InjectSpec {
 
 // Parses one --inject value. kInvalidArgument with a message naming the spec and the problem.
 Result<InjectSpec> ParseInjectSpec(std::string_view text);
+
+// Checks the specs that act inside a device (backend-delay, backend-error, lock; delay specs
+// are Bind's) against `space` and `device`, the one device that models them. kInvalidArgument
+// naming the spec: "no device named 'nvme9'", or a device that has no backend / no lock.
+Status CheckDeviceFaults(const std::vector<InjectSpec>& specs, const AddressSpace& space,
+                         std::string_view device);
 
 // The exit-delay rules bound to device / register indices, checked on every userspace exit.
 class ExitDelayInjector {

@@ -187,11 +187,13 @@ VcpuState VcpuLoop::Fatal(ExitKind kind, uint64_t addr, std::string detail) {
   return VcpuState::kFatal;
 }
 
-void VcpuLoop::InjectDelay(const Resolution& res) {
+__attribute__((noinline)) void VcpuLoop::InjectDelay(const Resolution& res) {
   if (env_.delays == nullptr || env_.delays->empty()) return;
   const uint64_t ms = env_.delays->DelayFor(res);
   if (ms == 0) return;
-  // Sleep in slices so a stopping VM does not wait for a long injected stall to end.
+  // Sleep in slices so a stopping VM does not wait for a long injected stall to end. Each
+  // slice is measured against the deadline, so a slice a signal cuts short (nanosleep returns
+  // EINTR even under SA_RESTART: the stack-capture signal, the kick) is slept again, not lost.
   const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
   while (std::chrono::steady_clock::now() < until) {
     if (env_.stop != nullptr && env_.stop->load(std::memory_order_relaxed)) return;

@@ -148,6 +148,7 @@ class VcpuLoop {
   // Dispatches one access; fills `data` with all ones for an unanswered read.
   void Access(IoSpace space, const Resolution& res, uint64_t addr, uint8_t* data, uint32_t size,
               AccessDir dir, AccessContext& ctx);
+  // The injected exit delay (not inlined: a stack of a vCPU stuck in it names it).
   void InjectDelay(const Resolution& res);
   VcpuState Finish(const AccessContext& ctx);
   std::string FaultDetail(uint32_t vector);

@@ -24,9 +24,10 @@ namespace exitscope::vmm {
 namespace {
 
 // vCPU threads are kicked out of KVM_RUN with this signal; the handler sets immediate_exit
-// so a kick that lands just before KVM_RUN is not lost.
+// so a kick that lands just before KVM_RUN is not lost. Not SIGRTMIN + 2: `exitscope run`
+// gives that one to the recorder's stack captures (Recorder::InstallStackSignal).
 int KickSignal() {
-  return SIGRTMIN + 2;
+  return SIGRTMIN + 3;
 }
 thread_local kvm_run* t_kick_run = nullptr;
 extern "C" void KickHandler(int) {
@@ -209,17 +210,22 @@ Status Vmm::Setup() {
   bo.disk_bytes = disk_bytes;
   bo.workers = cfg_.backend_workers;
   bo.backend_depth = cfg_.backend_depth;
+  EXITSCOPE_RETURN_IF_ERROR(CheckDeviceFaults(cfg_.injects, bus_, "nvme0"));
   for (const InjectSpec& s : cfg_.injects) {
-    if (s.kind == InjectSpec::Kind::kDelay) continue;
-    if (s.device != "nvme0")
-      return Fail(ErrorCode::kInvalidArgument,
-                  "--inject " + s.text + ": device '" + s.device +
-                      "' has no backend (backend faults apply to nvme0)");
-    if (s.kind == InjectSpec::Kind::kBackendDelay) {
-      bo.faults.delay_ms = s.ms;
-      bo.faults.delay_every = s.every;
-    } else {
-      bo.faults.error_every = s.every;
+    switch (s.kind) {
+      case InjectSpec::Kind::kDelay:
+        break;
+      case InjectSpec::Kind::kBackendDelay:
+        bo.faults.delay_ms = s.ms;
+        bo.faults.delay_every = s.every;
+        break;
+      case InjectSpec::Kind::kBackendError:
+        bo.faults.error_every = s.every;
+        break;
+      case InjectSpec::Kind::kLock:
+        bo.lock_fault.hold_ms = s.ms;
+        bo.lock_fault.every = s.every;
+        break;
     }
   }
   halt_ = std::make_unique<HaltWaiter>(cfg_.vcpus, cfg_.halt_tick_us);
@@ -235,7 +241,9 @@ Status Vmm::Setup() {
     std::snprintf(note, sizeof(note), "marker 0x%x from vCPU %u", value, vcpu);
     recorder_->Note(debug_dev_, note);
   });
-  nvme_ = std::make_unique<NvmeBlock>(&mem_, std::move(bo));
+  auto nvme = NvmeBlock::Create(&mem_, std::move(bo));
+  if (!nvme) return Propagate(nvme);
+  nvme_ = std::move(*nvme);
   unassigned_ = std::make_unique<UnassignedLog>([this](std::string_view l) { Log(l); });
   dump_path_ =
       cfg_.dump_path.empty() ? "exitscope-" + std::to_string(getpid()) + ".esdump" : cfg_.dump_path;
@@ -283,6 +291,7 @@ void Vmm::VcpuThread(uint32_t i) {
 void Vmm::StopAll() {
   stop_.store(true, std::memory_order_release);
   if (halt_) halt_->KickAll();
+  if (nvme_) nvme_->CancelInjectedWaits();  // a doorbell waiting for a slow backend goes on
   std::lock_guard lock(mu_);
   if (running_ == 0) return;
   for (unsigned long t : threads_) pthread_kill(static_cast<pthread_t>(t), KickSignal());

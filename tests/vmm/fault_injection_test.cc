@@ -46,6 +46,49 @@ TEST(ParseInjectSpec, RejectsMalformedSpecsWithTheSpecInTheMessage) {
   }
 }
 
+TEST(ParseInjectSpec, AcceptsALockSpec) {
+  auto l = ParseInjectSpec("lock:nvme0:300:64");
+  ASSERT_TRUE(l) << l.error().message;
+  EXPECT_EQ(l->kind, InjectSpec::Kind::kLock);
+  EXPECT_EQ(l->device, "nvme0");
+  EXPECT_EQ(l->reg, "");
+  EXPECT_EQ(l->ms, 300u);
+  EXPECT_EQ(l->every, 64u);
+  EXPECT_EQ(l->text, "lock:nvme0:300:64");
+  auto edges = ParseInjectSpec("lock:nvme0:3600000:1");
+  ASSERT_TRUE(edges) << edges.error().message;
+  EXPECT_EQ(edges->ms, 3'600'000u);
+  EXPECT_EQ(edges->every, 1u);
+}
+
+// Each kind of bad lock spec, with the one line it gets.
+TEST(ParseInjectSpec, RejectsBadLockSpecsSayingWhatIsWrong) {
+  struct Case {
+    const char* spec;
+    const char* message;
+  } cases[] = {
+      {"lock:nvme0", "--inject lock:nvme0: too few fields (expected"},
+      {"lock:nvme0:300", "--inject lock:nvme0:300: lock takes exactly DEVICE:MS:EVERY_N"},
+      {"lock:nvme0:300:64:2", "--inject lock:nvme0:300:64:2: lock takes exactly DEVICE:MS:EVERY_N"},
+      {"lock::300:64", "--inject lock::300:64: empty device name"},
+      {"lock:nvme0.CC:300:64",
+       "--inject lock:nvme0.CC:300:64: lock takes a device, not a register"},
+      {"lock:nvme0:abc:64", "--inject lock:nvme0:abc:64: lock hold in ms 'abc' is not a number"},
+      {"lock:nvme0:0:64", "--inject lock:nvme0:0:64: lock hold in ms 0 out of range (1..3600000)"},
+      {"lock:nvme0:3600001:64",
+       "--inject lock:nvme0:3600001:64: lock hold in ms 3600001 out of range (1..3600000)"},
+      {"lock:nvme0:300:0", "--inject lock:nvme0:300:0: EVERY_N 0 out of range (1..3600000)"},
+      {"lock:nvme0:300:-1", "--inject lock:nvme0:300:-1: EVERY_N '-1' is not a number"},
+  };
+  for (const Case& c : cases) {
+    auto r = ParseInjectSpec(c.spec);
+    ASSERT_FALSE(r) << c.spec;
+    EXPECT_EQ(r.error().code, ErrorCode::kInvalidArgument);
+    EXPECT_EQ(r.error().message.rfind(c.message, 0), 0u) << r.error().message;
+    EXPECT_EQ(r.error().message.find('\n'), std::string::npos) << r.error().message;
+  }
+}
+
 class Bound : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -103,6 +146,35 @@ TEST_F(Bound, UnknownDevicesAndRegistersAreUsageErrors) {
   auto only_backend = ExitDelayInjector::Bind({*ParseInjectSpec("backend-error:nvme0:2")}, space);
   ASSERT_TRUE(only_backend);
   EXPECT_TRUE((*only_backend)->empty());
+}
+
+// The specs that act inside a device name a device of the bus that models them (nvme0).
+TEST_F(Bound, DeviceFaultsNameADeviceThatHasThem) {
+  auto check = [&](const char* text) {
+    return CheckDeviceFaults({*ParseInjectSpec(text)}, space, "nvme0");
+  };
+  EXPECT_TRUE(check("lock:nvme0:300:64"));
+  EXPECT_TRUE(check("backend-delay:nvme0:5"));
+  EXPECT_TRUE(check("delay:uart0:5"));  // Bind's to check
+  struct Case {
+    const char* spec;
+    const char* message;
+  } cases[] = {
+      {"lock:nvme9:300:64", "--inject lock:nvme9:300:64: no device named 'nvme9'"},
+      {"lock:uart0:300:64",
+       "--inject lock:uart0:300:64: device 'uart0' has no lock to contend (lock faults apply to "
+       "nvme0)"},
+      {"backend-delay:nvme9:5", "--inject backend-delay:nvme9:5: no device named 'nvme9'"},
+      {"backend-error:uart0:2",
+       "--inject backend-error:uart0:2: device 'uart0' has no backend (backend faults apply to "
+       "nvme0)"},
+  };
+  for (const Case& c : cases) {
+    Status st = check(c.spec);
+    ASSERT_FALSE(st) << c.spec;
+    EXPECT_EQ(st.error().code, ErrorCode::kInvalidArgument);
+    EXPECT_EQ(st.error().message, c.message);
+  }
 }
 
 }  // namespace

@@ -4,22 +4,28 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "exitscope/recorder.h"
 #include "guests/abi.h"
 
 namespace exitscope::vmm {
 namespace {
 
 using namespace nvme;
+using std::chrono::milliseconds;
+using std::chrono::steady_clock;
 
 constexpr uint64_t kAsq = 0x100000, kAcq = 0x101000, kIoSq = 0x102000, kIoCq = 0x103000;
 constexpr uint64_t kBuf = 0x110000, kIdent = 0x120000;
@@ -49,6 +55,29 @@ struct Events : BlockObserver {
   }
 };
 
+// The system call thread `tid` of this process is blocked in (its number, from
+// /proc/self/task/TID/syscall), or -1 when it is in none (running, or gone).
+long BlockedIn(pid_t tid) {
+  std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/syscall");
+  long nr = -1;
+  if (!(in >> nr)) return -1;
+  return nr;
+}
+
+// A signal whose handler is installed without SA_RESTART: a blocking read() it interrupts
+// returns EINTR.
+int EintrSignal() {
+  return SIGRTMIN + 6;
+}
+extern "C" void OnEintrSignal(int) {}
+void InstallEintrSignal() {
+  struct sigaction sa {};
+  sa.sa_handler = OnEintrSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;
+  ASSERT_EQ(sigaction(EintrSignal(), &sa, nullptr), 0);
+}
+
 class NvmeTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -66,8 +95,10 @@ class NvmeTest : public ::testing::Test {
     close(fd);
     unlink(path.c_str());
   }
-  void Make(BackendFaults faults = {}, uint32_t depth = 4, uint32_t workers = 2) {
+  void Make(BackendFaults faults = {}, uint32_t depth = 4, uint32_t workers = 2,
+            LockFault lock = {}) {
     NvmeBlock::Options o;
+    o.lock_fault = lock;
     o.fd = fd;
     o.disk_bytes = 1 << 20;
     o.workers = workers;
@@ -75,7 +106,9 @@ class NvmeTest : public ::testing::Test {
     o.faults = faults;
     o.observer = &events;
     o.interrupt = [this](uint16_t v) { interrupts[v & 15].fetch_add(1); };
-    dev = std::make_unique<NvmeBlock>(&mem, o);
+    auto d = NvmeBlock::Create(&mem, o);
+    ASSERT_TRUE(d) << d.error().message;
+    dev = std::move(*d);
   }
   uint64_t R(uint64_t off, uint32_t size = 4) {
     uint8_t d[8] = {};
@@ -315,21 +348,273 @@ TEST_F(NvmeTest, InjectedBackendErrorsReachTheGuestAndTheObserver) {
   EXPECT_EQ(dev->stats().errors, 2u);
 }
 
+// Depth 1: while a doorbell waits for the slow backend with its I/O, that I/O holds the
+// backend's one place, so the next doorbell (another vCPU's) finds it full, reports it and
+// waits for room inside its exit.
 TEST_F(NvmeTest, AFullBackendMakesTheDoorbellWaitAndIsReported) {
   BackendFaults f;
-  f.delay_ms = 50;
+  f.delay_ms = 200;
   f.delay_every = 1;
   Make(f, /*depth=*/1, /*workers=*/1);
   Enable();
   CreateIoQueues();
-  for (int i = 0; i < 3; ++i) Sqe(io, 0x02, 1, kBuf + 4096 * i, 8 * i, 0, 7);
-  W(kDoorbells + 8, io.tail);  // returns only once the 3rd I/O found room
+  Sqe(io, 0x02, 1, kBuf, 0, 0, 7);
+  const uint32_t first_tail = io.tail;
+  std::thread first([&] { W(kDoorbells + 8, first_tail); });
+  for (int i = 0; i < 5000; ++i) {
+    {
+      std::lock_guard l(events.mu);
+      if (!events.submitted.empty()) break;  // the first doorbell now waits for the backend
+    }
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  Sqe(io, 0x02, 1, kBuf + 4096, 8, 0, 7);
+  const auto t0 = steady_clock::now();
+  W(kDoorbells + 8, io.tail);  // returns once its I/O found room (and waited for the backend)
+  const auto waited = steady_clock::now() - t0;
+  first.join();
   {
     std::lock_guard l(events.mu);
-    EXPECT_EQ(events.submitted.size(), 3u);
-    EXPECT_GE(events.queue_full, 1);
+    EXPECT_EQ(events.submitted.size(), 2u);
+    EXPECT_EQ(events.queue_full, 1);
   }
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(Reap(io).first, kSuccess);
+  EXPECT_GE(dev->stats().queue_full, 1u);
+  EXPECT_GE(waited, milliseconds(200));
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(Reap(io).first, kSuccess);
+}
+
+// backend-delay blocks where a real backend would: the doorbell of every Nth I/O waits inside
+// its handler, in read() on a descriptor the device's delay thread feeds MS later (not in a
+// sleep, not on a worker). The I/O is submitted (in flight) while it waits, a signal that
+// interrupts the read (EINTR) does not end the wait, and the I/O completes after it.
+TEST_F(NvmeTest, BackendDelayBlocksTheDoorbellInReadUntilTheDelayThreadFeedsIt) {
+  InstallEintrSignal();
+  BackendFaults f;
+  f.delay_ms = 300;
+  f.delay_every = 2;
+  Make(f, /*depth=*/4, /*workers=*/1);
+  Enable();
+  CreateIoQueues();
+  Sqe(io, 0x02, 1, kBuf, 0, 0, 7);  // I/O 1: not delayed
+  const auto fast0 = steady_clock::now();
+  W(kDoorbells + 8, io.tail);
+  EXPECT_LT(steady_clock::now() - fast0, milliseconds(300));
+  EXPECT_EQ(Reap(io).first, kSuccess);
+
+  Sqe(io, 0x02, 1, kBuf, 8, 0, 7);  // I/O 2: delayed
+  std::atomic<pid_t> tid{0};
+  std::atomic<bool> returned{false};
+  const auto t0 = steady_clock::now();
+  std::thread doorbell([&] {
+    tid = static_cast<pid_t>(syscall(SYS_gettid));
+    W(kDoorbells + 8, io.tail);
+    returned = true;
+  });
+  bool seen_in_read = false, submitted_while_waiting = false;
+  int interrupted = 0;
+  while (!returned) {
+    if (tid != 0 && BlockedIn(tid) == SYS_read) {
+      seen_in_read = true;
+      {
+        std::lock_guard l(events.mu);
+        submitted_while_waiting = events.submitted.size() == 2 && events.completed.size() == 1;
+      }
+      if (interrupted < 3 && syscall(SYS_tgkill, getpid(), tid.load(), EintrSignal()) == 0)
+        ++interrupted;
+    }
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  doorbell.join();
+  const auto rang = steady_clock::now() - t0;
+  EXPECT_EQ(Reap(io).first, kSuccess);
+  const auto completed = steady_clock::now() - t0;
+  EXPECT_TRUE(seen_in_read) << "the doorbell thread was never seen blocked in read()";
+  EXPECT_TRUE(submitted_while_waiting) << "the delayed I/O was not in flight during the wait";
+  EXPECT_GT(interrupted, 0);
+  EXPECT_GE(rang, milliseconds(300));  // no upper bound: machines are noisy
+  EXPECT_GE(completed, milliseconds(300));
+  EXPECT_EQ(dev->stats().backend_waits, 1u);
+  EXPECT_EQ(dev->stats().completed, 2u);
+}
+
+// A stopping VM cancels the injected waits: a doorbell in a one-hour backend delay returns,
+// its I/O completes, and later delayed I/Os do not wait.
+TEST_F(NvmeTest, CancelledBackendDelayLetsTheDoorbellGoOn) {
+  BackendFaults f;
+  f.delay_ms = 3'600'000;
+  f.delay_every = 1;
+  Make(f);
+  Enable();
+  CreateIoQueues();
+  Sqe(io, 0x01, 1, kBuf, 0, 0, 7);
+  std::atomic<bool> returned{false};
+  std::thread doorbell([&] {
+    W(kDoorbells + 8, io.tail);
+    returned = true;
+  });
+  for (int i = 0; i < 1000; ++i) {
+    {
+      std::lock_guard l(events.mu);
+      if (!events.submitted.empty()) break;
+    }
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  std::this_thread::sleep_for(milliseconds(50));
+  EXPECT_FALSE(returned);
+  dev->CancelInjectedWaits();
+  doorbell.join();
+  EXPECT_EQ(Reap(io).first, kSuccess);
+  Sqe(io, 0x01, 1, kBuf, 8, 0, 7);
+  W(kDoorbells + 8, io.tail);  // cancelled: no wait
+  EXPECT_EQ(Reap(io).first, kSuccess);
+}
+
+// lock: before every Nth I/O command the device's holder thread takes the device's lock and
+// keeps it MS. The doorbell finds it held (the handshake makes sure of it) and waits for it
+// inside its handler, in pthread_mutex_lock (a futex wait), until the holder lets go.
+TEST_F(NvmeTest, InjectedLockHoldBlocksTheDoorbellOnTheDeviceLock) {
+  Make({}, 4, 2, LockFault{.hold_ms = 300, .every = 3});
+  Enable();
+  CreateIoQueues();
+  Sqe(io, 0x02, 1, kBuf, 0, 0, 7);  // I/O commands 1 and 2: no hold
+  Sqe(io, 0x02, 1, kBuf, 8, 0, 7);
+  const auto fast0 = steady_clock::now();
+  W(kDoorbells + 8, io.tail);
+  EXPECT_LT(steady_clock::now() - fast0, milliseconds(300));
+  EXPECT_EQ(Reap(io).first, kSuccess);
+  EXPECT_EQ(Reap(io).first, kSuccess);
+  EXPECT_EQ(dev->stats().lock_holds, 0u);
+
+  Sqe(io, 0x02, 1, kBuf, 16, 0, 7);  // I/O command 3: held
+  std::atomic<pid_t> tid{0};
+  std::atomic<bool> returned{false};
+  const auto t0 = steady_clock::now();
+  std::thread doorbell([&] {
+    tid = static_cast<pid_t>(syscall(SYS_gettid));
+    W(kDoorbells + 8, io.tail);
+    returned = true;
+  });
+  bool seen_on_lock = false;
+  while (!returned) {
+    // The holder has the lock (counted once taken) and the doorbell thread waits in a futex.
+    if (tid != 0 && dev->stats().lock_holds == 1 && BlockedIn(tid) == SYS_futex)
+      seen_on_lock = true;
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  doorbell.join();
+  const auto waited = steady_clock::now() - t0;
+  EXPECT_TRUE(seen_on_lock) << "the doorbell thread was never seen waiting on the lock";
+  EXPECT_GE(waited, milliseconds(300));  // no upper bound: machines are noisy
+  EXPECT_EQ(Reap(io).first, kSuccess);
+  EXPECT_EQ(dev->stats().lock_holds, 1u);
+  EXPECT_EQ(dev->stats().completed, 3u);
+}
+
+// The holds are deterministic: every Nth command, counted across doorbells and within one.
+TEST_F(NvmeTest, InjectedLockHoldsComeEveryNthIoCommand) {
+  Make({}, 8, 2, LockFault{.hold_ms = 20, .every = 2});
+  Enable();
+  CreateIoQueues();
+  for (int i = 0; i < 5; ++i) Sqe(io, 0x00, 1, 0, 0, 0);  // five flushes in one doorbell
+  const auto t0 = steady_clock::now();
+  W(kDoorbells + 8, io.tail);
+  EXPECT_GE(steady_clock::now() - t0, milliseconds(40));
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(Reap(io).first, kSuccess);
+  EXPECT_EQ(dev->stats().lock_holds, 2u);  // before commands 2 and 4
+  Sqe(io, 0x00, 1, 0, 0, 0);               // command 6
+  W(kDoorbells + 8, io.tail);
+  EXPECT_EQ(Reap(io).first, kSuccess);
+  EXPECT_EQ(dev->stats().lock_holds, 3u);
+}
+
+// A stopping VM cancels a hold in progress: the doorbell gets the lock at once.
+TEST_F(NvmeTest, CancelledLockHoldLetsTheDoorbellGoOn) {
+  Make({}, 4, 2, LockFault{.hold_ms = 3'600'000, .every = 1});
+  Enable();
+  CreateIoQueues();
+  Sqe(io, 0x00, 1, 0, 0, 0);
+  std::atomic<bool> returned{false};
+  std::thread doorbell([&] {
+    W(kDoorbells + 8, io.tail);
+    returned = true;
+  });
+  for (int i = 0; i < 1000 && dev->stats().lock_holds == 0; ++i)
+    std::this_thread::sleep_for(milliseconds(1));
+  std::this_thread::sleep_for(milliseconds(50));
+  EXPECT_FALSE(returned);
+  dev->CancelInjectedWaits();
+  doorbell.join();
+  EXPECT_EQ(Reap(io).first, kSuccess);
+  Sqe(io, 0x00, 1, 0, 0, 0);
+  W(kDoorbells + 8, io.tail);  // cancelled: no hold
+  EXPECT_EQ(Reap(io).first, kSuccess);
+  EXPECT_EQ(dev->stats().lock_holds, 1u);
+}
+
+// What the watchdog's stack capture of a doorbell stuck in each injected wait shows, the
+// doorbell's exit recorded as a vCPU loop records it: read() under BackendWait for
+// backend-delay, the device's lock (LockDevice) for lock.
+class NvmeStackTest : public NvmeTest {
+ protected:
+  // Rings the I/O SQ doorbell inside a recorded MMIO exit on another thread; returns the
+  // user frames' function names of the first stuck finding's capture ("" when none).
+  std::string StuckDoorbellStack() {
+    RecorderOptions ro;
+    ro.num_vcpus = 1;
+    ro.slow_exit.log = false;
+    ro.watchdog.stuck_exit_ns = 100'000'000;  // 100 ms
+    auto rec = Recorder::Create(ro);
+    EXPECT_TRUE(rec) << rec.error().message;
+    if (!rec) return "";
+    (*rec)->SetLogSink([](std::string_view) {});
+    if (Status st = (*rec)->InstallStackSignal(SIGRTMIN + 2); !st) {
+      ADD_FAILURE() << st.error().message;
+      return "";
+    }
+    Sqe(io, 0x02, 1, kBuf, 0, 0, 7);
+    const uint32_t tail = io.tail;
+    std::thread vcpu([&] {
+      (*rec)->BeginExit(0, ExitKind::kMmio, ES_NVME_BASE + kDoorbells + 8, 4, AccessDir::kWrite,
+                        tail);
+      W(kDoorbells + 8, tail);
+      (*rec)->EndExit(0);
+    });
+    vcpu.join();
+    EXPECT_EQ(Reap(io).first, kSuccess);
+    std::string names;
+    for (const FindingRecord& f : (*rec)->Findings()) {
+      if (f.type != FindingType::kStuckExitBegin) continue;
+      for (const StackFrame& fr : f.stack.user) names += fr.function + "\n";
+      if (f.stack.user.empty()) names = "(no user frames: " + f.stack.note + ")";
+      break;
+    }
+    (*rec)->RemoveStackSignal();
+    return names;
+  }
+};
+
+TEST_F(NvmeStackTest, ABackendDelayShowsReadUnderBackendWaitInTheDoorbell) {
+  BackendFaults f;
+  f.delay_ms = 400;
+  f.delay_every = 1;
+  Make(f);
+  Enable();
+  CreateIoQueues();
+  const std::string stack = StuckDoorbellStack();
+  EXPECT_NE(stack.find("exitscope::vmm::BackendWait"), std::string::npos) << stack;
+  EXPECT_NE(stack.find("NvmeBlock::Submit"), std::string::npos) << stack;
+  EXPECT_NE(stack.find("NvmeBlock::RingSq"), std::string::npos) << stack;
+  EXPECT_EQ(stack.find("LockDevice"), std::string::npos) << stack;
+}
+
+TEST_F(NvmeStackTest, AHeldLockShowsTheDoorbellWaitingInLockDevice) {
+  Make({}, 4, 2, LockFault{.hold_ms = 400, .every = 1});
+  Enable();
+  CreateIoQueues();
+  const std::string stack = StuckDoorbellStack();
+  EXPECT_NE(stack.find("NvmeBlock::LockDevice"), std::string::npos) << stack;
+  EXPECT_NE(stack.find("NvmeBlock::RingSq"), std::string::npos) << stack;
+  EXPECT_EQ(stack.find("BackendWait"), std::string::npos) << stack;
 }
 
 TEST_F(NvmeTest, CompletionsBeyondAFullCqWaitForTheHeadDoorbell) {

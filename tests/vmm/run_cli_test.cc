@@ -40,6 +40,9 @@ TEST(RunCli, UsageErrorsExit2WithOneLineNamingTheFlag) {
   } cases[] = {
       {"--inject bogus", "--inject bogus"},
       {"--inject delay:nvme0:abc", "not a number"},
+      {"--inject lock:nvme0:300", "lock takes exactly DEVICE:MS:EVERY_N"},
+      {"--inject lock:nvme0:300:0", "EVERY_N 0 out of range (1..3600000)"},
+      {"--inject lock:nvme0:0:64", "lock hold in ms 0 out of range (1..3600000)"},
       {"--vcpus 0", "--vcpus"},
       {"--vcpus 17", "--vcpus"},
       {"--format xml", "--format 'xml': not one of table, json, csv, html, timeline"},

@@ -2,6 +2,9 @@
 #include "vmm/vcpu_loop.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -441,6 +444,46 @@ TEST_F(VcpuLoopTest, InjectedRegisterDelayIsASlowExitNamingDeviceAndRegister) {
       EXPECT_NE(f.text.find("uart0.SCR"), std::string::npos) << f.text;
     }
   EXPECT_TRUE(found);
+}
+
+extern "C" void OnInterruptingSignal(int) {}
+
+// The injected delay sleeps to its deadline: signals that cut its sleep short (a handler
+// without SA_RESTART; nanosleep returns EINTR even with it) do not shorten the exit.
+TEST_F(VcpuLoopTest, InjectedDelayOutlastsSignalsThatInterruptItsSleep) {
+  const int signo = SIGRTMIN + 6;
+  struct sigaction sa {
+  }, old{};
+  sa.sa_handler = OnInterruptingSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;
+  ASSERT_EQ(sigaction(signo, &sa, &old), 0);
+  auto inj = ExitDelayInjector::Bind({*ParseInjectSpec("delay:uart0.SCR:300")}, bus);
+  ASSERT_TRUE(inj);
+  env.delays = inj->get();
+  std::atomic<pid_t> tid{0};
+  std::atomic<bool> inside{true};
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread t([&] {
+    tid = static_cast<pid_t>(syscall(SYS_gettid));
+    VcpuLoop loop(vcpu, env);
+    vcpu.PioOut(ES_UART_PORT + 7, 1, 0x11);
+    EXPECT_EQ(loop.HandleExit(), VcpuState::kRunning);
+    inside = false;
+  });
+  int sent = 0;
+  while (inside) {
+    if (tid != 0 && syscall(SYS_tgkill, getpid(), tid.load(), signo) == 0) ++sent;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  t.join();
+  const auto took = std::chrono::steady_clock::now() - t0;
+  sigaction(signo, &old, nullptr);
+  EXPECT_GT(sent, 5);
+  EXPECT_GE(took, std::chrono::milliseconds(300));
+  auto exits = Exits();
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_GT(exits[0].duration_ns, 200'000'000u);  // TSC calibration: see the test above
 }
 
 // A multi-second stall is reported by the watchdog while the vCPU is still inside the exit.

@@ -76,6 +76,16 @@ TEST(VmmSetup, BadFlagsAreUsageErrors) {
   c = Base();
   c.injects.push_back(*ParseInjectSpec("backend-error:uart0:2"));
   EXPECT_FALSE(Vmm::Create(c));
+  c = Base();
+  c.injects.push_back(*ParseInjectSpec("lock:uart0:300:64"));
+  auto no_lock = Vmm::Create(c);
+  ASSERT_FALSE(no_lock);
+  EXPECT_NE(no_lock.error().message.find("has no lock to contend"), std::string::npos);
+  c = Base();
+  c.injects.push_back(*ParseInjectSpec("lock:nvme0:300:64"));
+  c.injects.push_back(*ParseInjectSpec("backend-delay:nvme0:300:64"));
+  auto both = Vmm::Create(c);
+  EXPECT_TRUE(both) << both.error().message;
 }
 
 TEST(VmmSetup, DiskIsCreatedWithTheRequestedSize) {

@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <chrono>
 #include <cstring>
 
 namespace exitscope::vmm {
@@ -27,7 +26,22 @@ NvmeBlock::NvmeBlock(GuestMemory* mem, Options opts)
     : mem_(mem), opts_(std::move(opts)), blocks_(opts_.disk_bytes / kBlockSize) {
   if (opts_.backend_depth == 0) opts_.backend_depth = 1;
   if (opts_.workers == 0) opts_.workers = 1;
-  for (uint32_t i = 0; i < opts_.workers; ++i) workers_.emplace_back([this] { Worker(); });
+}
+
+Result<std::unique_ptr<NvmeBlock>> NvmeBlock::Create(GuestMemory* mem, Options opts) {
+  auto dev = std::unique_ptr<NvmeBlock>(new NvmeBlock(mem, std::move(opts)));
+  const BackendFaults& f = dev->opts_.faults;
+  if (f.delay_ms != 0 && f.delay_every != 0) {
+    auto slow = SlowBackend::Create(f.delay_ms, "nvme-delay");
+    if (!slow) return Propagate(slow);
+    dev->slow_ = std::move(*slow);
+  }
+  const LockFault& lf = dev->opts_.lock_fault;
+  if (lf.hold_ms != 0 && lf.every != 0)
+    dev->lock_holder_ = std::make_unique<LockHolder>(dev->mu_, lf.hold_ms, "nvme-lock");
+  for (uint32_t i = 0; i < dev->opts_.workers; ++i)
+    dev->workers_.emplace_back([p = dev.get()] { p->Worker(); });
+  return dev;
 }
 
 NvmeBlock::~NvmeBlock() {
@@ -35,6 +49,7 @@ NvmeBlock::~NvmeBlock() {
 }
 
 void NvmeBlock::Shutdown() {
+  CancelInjectedWaits();
   {
     std::lock_guard lock(bq_mu_);
     if (stopping_ && workers_.empty()) return;
@@ -42,9 +57,13 @@ void NvmeBlock::Shutdown() {
   }
   bq_work_.notify_all();
   bq_room_.notify_all();
-  stop_cv_.notify_all();
   for (auto& t : workers_) t.join();
   workers_.clear();
+}
+
+void NvmeBlock::CancelInjectedWaits() {
+  if (slow_) slow_->Cancel();
+  if (lock_holder_) lock_holder_->Cancel();
 }
 
 NvmeBlock::Stats NvmeBlock::stats() const {
@@ -54,6 +73,8 @@ NvmeBlock::Stats NvmeBlock::stats() const {
   s.errors = errors_.load();
   s.queue_full = queue_full_.load();
   s.dropped_completions = dropped_.load();
+  s.backend_waits = slow_ ? slow_->waits() : 0;
+  s.lock_holds = lock_holder_ ? lock_holder_->holds() : 0;
   return s;
 }
 
@@ -191,14 +212,30 @@ void NvmeBlock::WriteCc(uint32_t v) {
   if (v >> 14 & 3) csts_ = (csts_ & ~0xcu) | (2u << 2);  // shutdown requested: complete
 }
 
+__attribute__((noinline)) void NvmeBlock::LockDevice(std::unique_lock<std::mutex>& lock) {
+  lock.lock();
+  asm volatile("" ::: "memory");  // keeps this frame: no tail call into pthread_mutex_lock
+}
+
 void NvmeBlock::RingSq(uint16_t qid, uint32_t tail) {
   std::vector<IoRequest> ios;
   {
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_, std::defer_lock);
+    LockDevice(lock);
     Sq& sq = sqs_[qid];
     if (!sq.valid || !(csts_ & kCsRdy) || tail >= sq.size) return;  // ignored, as hardware
     sq.tail = tail;
     while (sq.head != sq.tail) {
+      if (qid != 0 && lock_holder_ && ++io_commands_ % opts_.lock_fault.every == 0) {
+        // Injected contention: the holder thread takes the device's lock (HandOver returns
+        // once it has) and keeps it hold_ms; this doorbell then waits for it in LockDevice.
+        const uint64_t generation = generation_;
+        lock.unlock();
+        lock_holder_->HandOver();
+        LockDevice(lock);
+        if (!sq.valid || !(csts_ & kCsRdy) || generation_ != generation) break;  // reset meanwhile
+        if (sq.head == sq.tail) break;  // another doorbell of this queue took the rest
+      }
       Sqe e;
       if (!mem_->ReadObj(sq.base + uint64_t{sq.head} * 64, &e)) {
         csts_ |= kCsCfs;
@@ -408,19 +445,29 @@ uint16_t NvmeBlock::PrepareIo(const Sqe& e, uint16_t sqid, IoRequest* req) {
 void NvmeBlock::Submit(IoRequest req, bool* full_reported) {
   req.io_id = next_io_id_.fetch_add(1, std::memory_order_relaxed);
   std::unique_lock lock(bq_mu_);
-  if (backend_.size() + in_service_ >= opts_.backend_depth) {
+  auto held = [&] { return backend_.size() + in_service_ + handing_over_; };
+  if (held() >= opts_.backend_depth) {
     queue_full_.fetch_add(1, std::memory_order_relaxed);
     if (opts_.observer && !*full_reported)
       opts_.observer->QueueFull(req.sqid, "backend queue full, doorbell waits");
     *full_reported = true;
-    bq_room_.wait(lock,
-                  [&] { return stopping_ || backend_.size() + in_service_ < opts_.backend_depth; });
+    bq_room_.wait(lock, [&] { return stopping_ || held() < opts_.backend_depth; });
   }
   if (stopping_) return;
   submitted_.fetch_add(1, std::memory_order_relaxed);
   if (opts_.observer) {
     const uint32_t blocks = (req.seg_len[0] + req.seg_len[1]) / kBlockSize;
     opts_.observer->IoSubmitted(req.io_id, req.sqid, req.opcode, req.offset / kBlockSize, blocks);
+  }
+  ++submit_count_;
+  if (slow_ && submit_count_ % opts_.faults.delay_every == 0) {
+    // The injected slow backend: this doorbell waits for it inside its exit, blocked in read()
+    // (BackendWait), while the I/O is in flight and holds its place in the queue.
+    ++handing_over_;
+    lock.unlock();
+    slow_->Wait();
+    lock.lock();
+    --handing_over_;
   }
   backend_.push_back(req);
   lock.unlock();
@@ -440,11 +487,6 @@ void NvmeBlock::Worker() {
     }
     const uint64_t n = io_count_.fetch_add(1, std::memory_order_relaxed) + 1;
     const BackendFaults& f = opts_.faults;
-    if (f.delay_ms && f.delay_every && n % f.delay_every == 0) {
-      // An injected slow backend; ends early when the device shuts down.
-      std::unique_lock lock(bq_mu_);
-      stop_cv_.wait_for(lock, std::chrono::milliseconds(f.delay_ms), [&] { return stopping_; });
-    }
     uint16_t status = kSuccess;
     int err = 0;
     if (f.error_every && n % f.error_every == 0) {

@@ -12,11 +12,19 @@
 //              MDTS = 8 KiB per command, no PRP lists).
 // Threads: register accesses and doorbells run on the vCPU thread that exited; admin commands
 // complete there. I/O commands go to a bounded backend queue (Options::backend_depth I/Os
-// queued or in service); when it is full the doorbell waits for room, so a slow backend shows
-// up as a slow doorbell exit (and a queue-full event), as in VMMs that submit synchronously.
-// Worker threads pread/pwrite straight into guest memory and post completions (phase bit last)
-// and "interrupts": there is no irqchip, so an interrupt is a wakeup of the vCPU named by the
-// CQ's interrupt vector (its halt ends early).
+// queued, in service or being handed to the backend); when it is full the doorbell waits for
+// room, so a slow backend shows up as a slow doorbell exit (and a queue-full event), as in VMMs
+// that submit synchronously. Worker threads pread/pwrite straight into guest memory and post
+// completions (phase bit last) and "interrupts": there is no irqchip, so an interrupt is a
+// wakeup of the vCPU named by the CQ's interrupt vector (its halt ends early).
+// Injected backend delay (BackendFaults::delay_ms): the doorbell that submits every Nth I/O
+// hands it to a slow backend (injected_waits.h): it blocks in read() inside its exit until the
+// device's delay thread feeds its descriptor, delay_ms later; the I/O is in flight meanwhile
+// and holds one place of the backend queue.
+// Injected lock contention (LockFault): before every Nth I/O command of a submission queue is
+// taken, the doorbell lets go of the device's lock, has the device's holder thread take it
+// (LockHolder, injected_waits.h) for hold_ms, and waits for it again in LockDevice: blocked in
+// pthread_mutex_lock inside its exit.
 #pragma once
 
 #include <atomic>
@@ -24,12 +32,14 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "vmm/device.h"
+#include "vmm/devices/injected_waits.h"
 #include "vmm/guest_memory.h"
 
 namespace exitscope::vmm {
@@ -71,9 +81,14 @@ class BlockObserver {
 };
 
 struct BackendFaults {
-  uint64_t delay_ms = 0;     // delay the backend I/O by this much ...
+  uint64_t delay_ms = 0;     // the doorbell submitting an I/O waits this long for the backend ...
   uint64_t delay_every = 0;  // ... on every Nth I/O (1 = all); 0 = no delay
   uint64_t error_every = 0;  // fail every Nth I/O (the guest sees a media error); 0 = never
+};
+
+struct LockFault {
+  uint64_t hold_ms = 0;  // another thread holds the device's lock this long ...
+  uint64_t every = 0;    // ... before every Nth I/O command is taken; 0 = never
 };
 
 class NvmeBlock final : public Device {
@@ -84,11 +99,14 @@ class NvmeBlock final : public Device {
     uint32_t workers = 2;        // backend threads
     uint32_t backend_depth = 4;  // I/Os queued or in service before doorbells wait
     BackendFaults faults;
+    LockFault lock_fault;
     BlockObserver* observer = nullptr;               // not owned; may be null
     std::function<void(uint16_t vector)> interrupt;  // wake the vCPU `vector`
   };
 
-  NvmeBlock(GuestMemory* mem, Options opts);
+  // Starts the workers (and the injected faults' threads). kIo when a fault's descriptors
+  // cannot be created.
+  static Result<std::unique_ptr<NvmeBlock>> Create(GuestMemory* mem, Options opts);
   ~NvmeBlock() override;
 
   bool Read(uint64_t offset, uint8_t* data, uint32_t size, AccessContext& ctx) override;
@@ -96,9 +114,14 @@ class NvmeBlock final : public Device {
 
   // Stops accepting work, wakes waiting doorbells and joins the workers. Idempotent.
   void Shutdown();
+  // Ends the injected waits in progress now (a doorbell waiting for the slow backend goes on)
+  // and skips later ones: the VM is stopping. The device keeps working. Any thread.
+  void CancelInjectedWaits();
 
   struct Stats {
     uint64_t submitted = 0, completed = 0, errors = 0, queue_full = 0, dropped_completions = 0;
+    uint64_t backend_waits = 0;  // injected backend delays waited out (or cut short by a stop)
+    uint64_t lock_holds = 0;     // injected lock holds
   };
   Stats stats() const;
   uint32_t csts() const;
@@ -140,10 +163,13 @@ class NvmeBlock final : public Device {
     uint32_t seg_len[2] = {0, 0};
   };
 
+  NvmeBlock(GuestMemory* mem, Options opts);
   bool ReadReg(uint64_t offset, uint32_t size, uint64_t* v);
   bool WriteReg(uint64_t offset, uint32_t size, uint64_t v);
-  void WriteCc(uint32_t v);                                               // requires mu_
-  void RingSq(uint16_t qid, uint32_t tail);                               // takes mu_ itself
+  void WriteCc(uint32_t v);                  // requires mu_
+  void RingSq(uint16_t qid, uint32_t tail);  // takes mu_ itself
+  // Takes mu_ for a doorbell (not inlined: a thread waiting here is waiting for the device).
+  void LockDevice(std::unique_lock<std::mutex>& lock);
   void RingCq(uint16_t qid, uint32_t head);                               // requires mu_
   void Post(uint16_t sqid, uint16_t cid, uint16_t status, uint32_t dw0);  // requires mu_
   void PostLocked(Cq& cq, const Completion& c);                           // requires mu_
@@ -169,15 +195,21 @@ class NvmeBlock final : public Device {
   Cq cqs_[nvme::kMaxQueues];
 
   std::mutex bq_mu_;  // backend queue
-  std::condition_variable bq_work_, bq_room_, stop_cv_;
+  std::condition_variable bq_work_, bq_room_;
   std::deque<IoRequest> backend_;
   uint32_t in_service_ = 0;
+  uint32_t handing_over_ = 0;  // submitted I/Os whose doorbell waits for the slow backend
+  uint64_t submit_count_ = 0;  // I/Os submitted (drives every-N backend delays)
   bool stopping_ = false;
   std::vector<std::thread> workers_;
 
   std::atomic<uint64_t> next_io_id_{1};
-  std::atomic<uint64_t> io_count_{0};  // backend I/Os started (drives every-N faults)
+  std::atomic<uint64_t> io_count_{0};  // backend I/Os started (drives every-N backend errors)
   std::atomic<uint64_t> submitted_{0}, completed_{0}, errors_{0}, queue_full_{0}, dropped_{0};
+
+  std::unique_ptr<SlowBackend> slow_;        // backend-delay; null when not injected
+  std::unique_ptr<LockHolder> lock_holder_;  // lock; null when not injected
+  uint64_t io_commands_ = 0;                 // I/O commands taken (requires mu_; lock faults)
 };
 
 }  // namespace exitscope::vmm

@@ -212,7 +212,8 @@ int RunMain(int argc, char** argv) {
       ->default_val(mem_mb);
   app.add_option("--inject", injects,
                  "fault injection, repeatable: delay:DEVICE[.REGISTER]:MS[:EVERY_N] (the vCPU "
-                 "sleeps in the exit), backend-delay:DEVICE:MS[:EVERY_N] (the doorbell waits MS "
+                 "sleeps in the exit), spin:DEVICE[.REGISTER]:MS[:EVERY_N] (it busy-waits), "
+                 "backend-delay:DEVICE:MS[:EVERY_N] (the doorbell waits MS "
                  "for the backend), backend-error:DEVICE:EVERY_N, lock:DEVICE:MS:EVERY_N "
                  "(another thread holds the device's lock MS before every Nth I/O); MS "
                  "1..3600000, EVERY_N >= 1 (docs/vmm.md)");

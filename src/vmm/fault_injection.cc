@@ -44,16 +44,19 @@ Result<InjectSpec> ParseInjectSpec(std::string_view text) {
     return Fail(ErrorCode::kInvalidArgument,
                 "--inject " + t + ": " + std::string(why) +
                     " (expected delay:DEVICE[.REGISTER]:MS[:EVERY_N], "
+                    "spin:DEVICE[.REGISTER]:MS[:EVERY_N], "
                     "backend-delay:DEVICE:MS[:EVERY_N], backend-error:DEVICE:EVERY_N or "
                     "lock:DEVICE:MS:EVERY_N)");
   };
   if (f.size() < 3) return usage("too few fields");
   if (f[1].empty()) return usage("empty device name");
-  if (f[0] == "delay" || f[0] == "backend-delay") {
+  if (f[0] == "delay" || f[0] == "spin" || f[0] == "backend-delay") {
     if (f.size() > 4) return usage("too many fields");
-    s.kind = f[0] == "delay" ? InjectSpec::Kind::kDelay : InjectSpec::Kind::kBackendDelay;
+    s.kind = f[0] == "delay"  ? InjectSpec::Kind::kDelay
+             : f[0] == "spin" ? InjectSpec::Kind::kSpin
+                              : InjectSpec::Kind::kBackendDelay;
     std::string_view target = f[1];
-    if (s.kind == InjectSpec::Kind::kDelay) {
+    if (s.kind != InjectSpec::Kind::kBackendDelay) {
       const size_t dot = target.find('.');
       if (dot != std::string_view::npos) {
         s.reg = std::string(target.substr(dot + 1));
@@ -103,7 +106,7 @@ Result<InjectSpec> ParseInjectSpec(std::string_view text) {
 Status CheckDeviceFaults(const std::vector<InjectSpec>& specs, const AddressSpace& space,
                          std::string_view device) {
   for (const InjectSpec& s : specs) {
-    if (s.kind == InjectSpec::Kind::kDelay) continue;
+    if (s.kind == InjectSpec::Kind::kDelay || s.kind == InjectSpec::Kind::kSpin) continue;
     if (!space.FindDevice(s.device))
       return Fail(ErrorCode::kInvalidArgument,
                   "--inject " + s.text + ": no device named '" + s.device + "'");
@@ -125,7 +128,7 @@ Result<std::unique_ptr<ExitDelayInjector>> ExitDelayInjector::Bind(
   auto inj = std::unique_ptr<ExitDelayInjector>(new ExitDelayInjector());
   const std::vector<RangeInfo> ranges = space.Ranges();
   for (const InjectSpec& s : specs) {
-    if (s.kind != InjectSpec::Kind::kDelay) continue;
+    if (s.kind != InjectSpec::Kind::kDelay && s.kind != InjectSpec::Kind::kSpin) continue;
     auto dev = space.FindDevice(s.device);
     if (!dev)
       return Fail(ErrorCode::kInvalidArgument,
@@ -134,6 +137,7 @@ Result<std::unique_ptr<ExitDelayInjector>> ExitDelayInjector::Bind(
     rule.device = *dev;
     rule.ms = s.ms;
     rule.every = s.every;
+    rule.spin = s.kind == InjectSpec::Kind::kSpin;
     rule.matches = std::make_unique<std::atomic<uint64_t>>(0);
     if (!s.reg.empty()) {
       bool found = false;
@@ -158,7 +162,7 @@ Result<std::unique_ptr<ExitDelayInjector>> ExitDelayInjector::Bind(
   return inj;
 }
 
-uint64_t ExitDelayInjector::DelayFor(const Resolution& res) noexcept {
+uint64_t ExitDelayInjector::DelayFor(const Resolution& res, bool* spin) noexcept {
   uint64_t ms = 0;
   for (Rule& r : rules_) {
     if (r.device != res.device) continue;
@@ -166,7 +170,10 @@ uint64_t ExitDelayInjector::DelayFor(const Resolution& res) noexcept {
         (res.map != r.map || res.reg.reg != r.reg || res.reg.element != r.element))
       continue;
     const uint64_t n = r.matches->fetch_add(1, std::memory_order_relaxed) + 1;
-    if (n % r.every == 0) ms += r.ms;
+    if (n % r.every == 0) {
+      ms += r.ms;
+      if (spin != nullptr && r.spin) *spin = true;
+    }
   }
   return ms;
 }

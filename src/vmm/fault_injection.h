@@ -2,6 +2,8 @@
 //
 //   delay:DEVICE[.REGISTER]:MS[:EVERY_N]  delay the handling of matching exits by MS
 //                                         (every Nth matching exit; default every one)
+//   spin:DEVICE[.REGISTER]:MS[:EVERY_N]   the same, busy-waiting on the vCPU thread instead of
+//                                         sleeping (a handler that polls: state R, no system call)
 //   backend-delay:DEVICE:MS[:EVERY_N]     delay the device's backend I/O by MS (every Nth I/O)
 //   backend-error:DEVICE:EVERY_N          fail every Nth backend I/O (the guest sees an error)
 //   lock:DEVICE:MS:EVERY_N                another thread holds the device's lock for MS before
@@ -26,10 +28,10 @@
 namespace exitscope::vmm {
 
 struct InjectSpec {
-  enum class Kind : uint8_t { kDelay, kBackendDelay, kBackendError, kLock };
+  enum class Kind : uint8_t { kDelay, kBackendDelay, kBackendError, kLock, kSpin };
   Kind kind = Kind::kDelay;
   std::string device;
-  std::string reg;  // kDelay only; empty = every register of the device
+  std::string reg;  // kDelay / kSpin only; empty = every register of the device
   uint64_t ms = 0;
   uint64_t every = 1;
   std::string text;  // the spec as given
@@ -53,7 +55,8 @@ class ExitDelayInjector {
                                                          const AddressSpace& space);
 
   // The delay (ms) to apply to an exit that resolved to `res`; 0 = none. Counts matches.
-  uint64_t DelayFor(const Resolution& res) noexcept;
+  // `*spin` says whether a matching spin rule asks to busy-wait instead of sleeping.
+  uint64_t DelayFor(const Resolution& res, bool* spin = nullptr) noexcept;
   bool empty() const noexcept { return rules_.empty(); }
 
  private:
@@ -64,6 +67,7 @@ class ExitDelayInjector {
     uint32_t element = 0;
     uint64_t ms = 0;
     uint64_t every = 1;
+    bool spin = false;  // busy-wait (spin:) instead of sleeping (delay:)
     std::unique_ptr<std::atomic<uint64_t>> matches;
   };
   std::vector<Rule> rules_;

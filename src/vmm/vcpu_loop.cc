@@ -189,8 +189,10 @@ VcpuState VcpuLoop::Fatal(ExitKind kind, uint64_t addr, std::string detail) {
 
 __attribute__((noinline)) void VcpuLoop::InjectDelay(const Resolution& res) {
   if (env_.delays == nullptr || env_.delays->empty()) return;
-  const uint64_t ms = env_.delays->DelayFor(res);
+  bool spin = false;
+  const uint64_t ms = env_.delays->DelayFor(res, &spin);
   if (ms == 0) return;
+  if (spin) return SpinFor(std::chrono::milliseconds(ms));
   // Sleep in slices so a stopping VM does not wait for a long injected stall to end. Each
   // slice is measured against the deadline, so a slice a signal cuts short (nanosleep returns
   // EINTR even under SA_RESTART: the stack-capture signal, the kick) is slept again, not lost.
@@ -200,6 +202,16 @@ __attribute__((noinline)) void VcpuLoop::InjectDelay(const Resolution& res) {
     const auto left = until - std::chrono::steady_clock::now();
     std::this_thread::sleep_for(
         std::min<std::chrono::steady_clock::duration>(left, std::chrono::milliseconds(20)));
+  }
+}
+
+// A handler that polls: busy-waits on the vCPU thread (state R, no system call) until the
+// deadline or a stop. Its own frame, so a stack capture names it.
+__attribute__((noinline)) void VcpuLoop::SpinFor(std::chrono::milliseconds ms) {
+  const auto until = std::chrono::steady_clock::now() + ms;
+  while (std::chrono::steady_clock::now() < until) {
+    if (env_.stop != nullptr && env_.stop->load(std::memory_order_relaxed)) return;
+    for (int i = 0; i < 1000; ++i) asm volatile("pause" ::: "memory");
   }
 }
 

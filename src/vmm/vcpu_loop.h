@@ -13,6 +13,7 @@
 #include <linux/kvm.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -150,6 +151,7 @@ class VcpuLoop {
               AccessDir dir, AccessContext& ctx);
   // The injected exit delay (not inlined: a stack of a vCPU stuck in it names it).
   void InjectDelay(const Resolution& res);
+  void SpinFor(std::chrono::milliseconds ms);  // spin: injection (busy-waits)
   VcpuState Finish(const AccessContext& ctx);
   std::string FaultDetail(uint32_t vector);
 

@@ -214,6 +214,7 @@ Status Vmm::Setup() {
   for (const InjectSpec& s : cfg_.injects) {
     switch (s.kind) {
       case InjectSpec::Kind::kDelay:
+      case InjectSpec::Kind::kSpin:
         break;
       case InjectSpec::Kind::kBackendDelay:
         bo.faults.delay_ms = s.ms;

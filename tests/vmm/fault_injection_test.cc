@@ -135,6 +135,26 @@ TEST_F(Bound, ADeviceRuleMatchesEveryRegisterEveryNth) {
   EXPECT_EQ(inj->DelayFor(Mmio(0x14)), 0u);
 }
 
+TEST_F(Bound, ASpinRuleDelaysLikeADelayRuleAndSaysToSpin) {
+  auto inj = Bind({"spin:nvme0.SQ1TDBL:250:2", "delay:uart0:7"});
+  ASSERT_TRUE(inj);
+  bool spin = false;
+  EXPECT_EQ(inj->DelayFor(Mmio(0x1008), &spin), 0u);  // the 1st of every 2nd
+  EXPECT_FALSE(spin);
+  EXPECT_EQ(inj->DelayFor(Mmio(0x1008), &spin), 250u);
+  EXPECT_TRUE(spin);
+  spin = false;
+  EXPECT_EQ(inj->DelayFor(space.Lookup(IoSpace::kPio, ES_UART_PORT, 1), &spin), 7u);
+  EXPECT_FALSE(spin);  // a delay: rule sleeps
+  auto bad = ParseInjectSpec("spin:nvme0");
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("spin:DEVICE[.REGISTER]:MS[:EVERY_N]"), std::string::npos);
+  auto spec = ParseInjectSpec("spin:nvme0.SQ1TDBL:250:2");
+  ASSERT_TRUE(spec);
+  EXPECT_EQ(spec->kind, InjectSpec::Kind::kSpin);
+  EXPECT_EQ(spec->reg, "SQ1TDBL");
+}
+
 TEST_F(Bound, UnknownDevicesAndRegistersAreUsageErrors) {
   auto bad_dev = ExitDelayInjector::Bind({*ParseInjectSpec("delay:nvme9:5")}, space);
   ASSERT_FALSE(bad_dev);

@@ -1,0 +1,339 @@
+// Dump format version 4: the `stacks` section (each vCPU's thread id, the stack capture
+// counters, the findings' stacks) round trips; the version-3 dumps in testdata, which have no
+// such section, still read with the same content; a corrupt or truncated `stacks` section is
+// refused with one line naming it.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+#include <cstddef>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "exitscope/dump.h"
+
+namespace exitscope {
+namespace {
+
+namespace fs = std::filesystem;
+
+uint32_t Crc32(std::string_view d) {
+  uint32_t c = 0xffffffffu;
+  for (unsigned char b : d) {
+    c ^= b;
+    for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xedb88320u ^ (c >> 1) : c >> 1;
+  }
+  return c ^ 0xffffffffu;
+}
+uint32_t Le32(std::string_view s, size_t at) {
+  uint32_t v;
+  std::memcpy(&v, s.data() + at, 4);
+  return v;
+}
+uint64_t Le64(std::string_view s, size_t at) {
+  uint64_t v;
+  std::memcpy(&v, s.data() + at, 8);
+  return v;
+}
+void Put32(std::string& s, size_t at, uint32_t v) {
+  std::memcpy(s.data() + at, &v, 4);
+}
+void Put64(std::string& s, size_t at, uint64_t v) {
+  std::memcpy(s.data() + at, &v, 8);
+}
+
+// The sections of a dump file by id, in table order.
+std::vector<std::pair<uint32_t, std::string>> Sections(const std::string& b) {
+  std::vector<std::pair<uint32_t, std::string>> out;
+  for (uint32_t i = 0; i < Le32(b, 20); ++i) {
+    const size_t e = 64 + 32 * i;
+    out.emplace_back(Le32(b, e), b.substr(Le64(b, e + 8), Le64(b, e + 16)));
+  }
+  return out;
+}
+
+// A file of `sections` laid out back to back, with `version`, every size and checksum right.
+std::string Build(const std::vector<std::pair<uint32_t, std::string>>& sections, uint32_t version) {
+  std::string b(64 + 32 * sections.size(), '\0');
+  std::memcpy(b.data(), kDumpMagic, 8);
+  Put32(b, 8, version);
+  Put32(b, 12, 64);
+  Put32(b, 20, static_cast<uint32_t>(sections.size()));
+  for (size_t i = 0; i < sections.size(); ++i) {
+    const size_t e = 64 + 32 * i;
+    Put32(b, e, sections[i].first);
+    Put64(b, e + 8, b.size());
+    Put64(b, e + 16, sections[i].second.size());
+    Put32(b, e + 24, Crc32(sections[i].second));
+    b += sections[i].second;
+  }
+  Put64(b, 24, b.size());
+  Put32(b, 32, Crc32(std::string_view(b).substr(64, 32 * sections.size())));
+  Put32(b, 36, Crc32(std::string_view(b).substr(0, 64)));
+  return b;
+}
+
+StackFrame Frame(uint64_t ip, uint64_t off, std::string fn, std::string module,
+                 std::string file = "", uint32_t line = 0) {
+  return {.ip = ip,
+          .offset = off,
+          .function = std::move(fn),
+          .module = std::move(module),
+          .file = std::move(file),
+          .line = line};
+}
+
+// A dump as the recorder would give it after the watchdog found vCPU 1 stuck: thread ids,
+// counters, a stuck-exit finding with user and kernel frames, a later capture with only a note,
+// and findings without stacks around them.
+Dump DumpWithStacks() {
+  Dump d;
+  d.process.comm = "vmm";
+  d.process.pid = 4242;
+  d.devices.push_back({.index = 0, .id = 0, .name = "vblk0", .kind = "virtio-blk"});
+  for (uint32_t v = 0; v < 2; ++v) {
+    DumpVcpu c;
+    c.vcpu = v;
+    c.tid = 4300 + static_cast<int32_t>(v);
+    c.counters = {.capacity = 16, .written = 1};
+    c.exits.push_back({.start_ns = 1000 + v,
+                       .duration_ns = 10,
+                       .addr = 0x3f8,
+                       .vcpu = v,
+                       .kind = ExitKind::kPio,
+                       .size = 1,
+                       .dir = AccessDir::kWrite});
+    d.vcpus.push_back(std::move(c));
+  }
+  d.stack_counters = {.captures = 2,
+                      .signal_timeouts = 1,
+                      .exit_changed = 3,
+                      .frames_dropped = 17,
+                      .captures_skipped = 5};
+  FindingRecord slow;
+  slow.time_ns = 2000;
+  slow.type = FindingType::kSlowExit;
+  slow.vcpu = 0;
+  slow.text = "vCPU 0: slow";
+  d.findings.push_back(slow);
+  FindingRecord stuck;
+  stuck.time_ns = 3000;
+  stuck.type = FindingType::kStuckExitBegin;
+  stuck.vcpu = 1;
+  stuck.kind = ExitKind::kMmio;
+  stuck.device = 0;
+  stuck.duration_ns = 20'000'000;
+  stuck.text = "vCPU 1: stuck in exit MMIO write 4B to vblk0 (0xd0000050) for 20 ms (still inside)";
+  stuck.stack.tid = 4301;
+  stuck.stack.state = 'S';
+  stuck.stack.capture = 1;
+  stuck.stack.user_dropped = 7;
+  stuck.stack.user = {
+      Frame(0x7f0000001234, 0x24, "__GI___libc_read", "/usr/lib/x86_64-linux-gnu/libc.so.6"),
+      Frame(0x5555000042a0, 0x1f, "exitscope::vmm::BlockDevice::Read", "/usr/bin/exitscope",
+            "src/vmm/devices/blk.cc", 120),
+      Frame(0x555500009999, 0, "", "/usr/bin/exitscope")};
+  stuck.stack.kernel = {Frame(0xffffffff81234567, 0x5c, "anon_pipe_read", "[kernel]"),
+                        Frame(0xffffffff81200000, 0x1a0, "vfs_read", "[kernel]")};
+  d.findings.push_back(stuck);
+  FindingRecord later;
+  later.time_ns = 4000;
+  later.type = FindingType::kStuckExitStack;
+  later.vcpu = 1;
+  later.text = "vCPU 1: still stuck (capture 2)";
+  later.stack.tid = 4301;
+  later.stack.state = 'D';
+  later.stack.capture = 2;
+  later.stack.note = "user stack unavailable: the thread is in uninterruptible sleep (D)";
+  d.findings.push_back(later);
+  FindingRecord aged;
+  aged.time_ns = 5000;
+  aged.type = FindingType::kAgedIo;
+  aged.device = 0;
+  aged.io_id = 9;
+  aged.text = "vblk0: I/O 9 in flight";
+  d.findings.push_back(aged);
+  return d;
+}
+
+void ExpectSameStacks(const Dump& a, const Dump& b) {
+  ASSERT_EQ(a.vcpus.size(), b.vcpus.size());
+  for (size_t v = 0; v < a.vcpus.size(); ++v) EXPECT_EQ(a.vcpus[v].tid, b.vcpus[v].tid) << v;
+  EXPECT_EQ(a.stack_counters.captures, b.stack_counters.captures);
+  EXPECT_EQ(a.stack_counters.signal_timeouts, b.stack_counters.signal_timeouts);
+  EXPECT_EQ(a.stack_counters.exit_changed, b.stack_counters.exit_changed);
+  EXPECT_EQ(a.stack_counters.frames_dropped, b.stack_counters.frames_dropped);
+  EXPECT_EQ(a.stack_counters.captures_skipped, b.stack_counters.captures_skipped);
+  ASSERT_EQ(a.findings.size(), b.findings.size());
+  for (size_t i = 0; i < a.findings.size(); ++i) {
+    EXPECT_EQ(a.findings[i].type, b.findings[i].type) << i;
+    EXPECT_EQ(a.findings[i].text, b.findings[i].text) << i;
+    EXPECT_EQ(a.findings[i].stack, b.findings[i].stack) << i;
+  }
+}
+
+// The `stacks` section of a file, rebuilt with `edit` applied to its bytes.
+std::string WithStacks(const std::string& file, auto edit) {
+  auto secs = Sections(file);
+  for (auto& [id, bytes] : secs) {
+    if (id == 10) edit(bytes);
+  }
+  return Build(secs, Le32(file, 8));
+}
+
+TEST(DumpStacks, RoundTripThroughAFile) {
+  const Dump d = DumpWithStacks();
+  const std::string path =
+      (fs::path(testing::TempDir()) / ("stacks-" + std::to_string(getpid()) + ".esdump")).string();
+  ASSERT_TRUE(WriteDumpFile(d, path));
+  auto r = ReadDump(path);
+  fs::remove(path);
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(r->version, 4u);
+  EXPECT_TRUE(r->warnings.empty()) << r->warnings[0];
+  ExpectSameStacks(d, *r);
+  EXPECT_TRUE(r->findings[0].stack.empty());
+  EXPECT_EQ(r->findings[1].stack.user.size(), 3u);
+  EXPECT_EQ(r->findings[1].stack.kernel[0].function, "anon_pipe_read");
+  EXPECT_EQ(r->findings[2].stack.note.rfind("user stack unavailable", 0), 0u);
+  EXPECT_EQ(r->findings[2].type, FindingType::kStuckExitStack);
+  // The same bytes once more, and the file's sections: ten, `stacks` among them.
+  const std::string bytes = SerializeDump(d);
+  EXPECT_EQ(SerializeDump(*r), bytes);
+  EXPECT_EQ(Le32(bytes, 20), 10u);
+  bool has = false;
+  for (const auto& [id, sec] : Sections(bytes)) has = has || id == 10;
+  EXPECT_TRUE(has);
+}
+
+// A finding of a type this reader does not know (above kStuckExitStack) is skipped with its
+// stack; the stacks of the findings after it still land on their own findings.
+TEST(DumpStacks, AStackOfASkippedFindingGoesWithIt) {
+  Dump d = DumpWithStacks();
+  d.findings[1].type = static_cast<FindingType>(5);
+  auto r = ParseDump(SerializeDump(d), "x");
+  ASSERT_TRUE(r) << r.error().message;
+  ASSERT_EQ(r->findings.size(), 3u);
+  EXPECT_EQ(r->findings[1].type, FindingType::kStuckExitStack);
+  EXPECT_EQ(r->findings[1].stack, d.findings[2].stack);
+  ASSERT_EQ(r->warnings.size(), 1u);
+  EXPECT_EQ(r->warnings[0], "1 finding has an unknown type; skipped");
+}
+
+// The version-3 dumps of testdata (no `stacks` section) read as before, and rewritten as
+// version 4 hold the same vCPUs, exits and findings, with no thread ids and no stacks.
+TEST(DumpStacks, Version3DumpsStillReadWithTheSameContent) {
+  const fs::path dir = EXITSCOPE_TESTDATA_DIR;
+  size_t v3 = 0;
+  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+    if (entry.path().extension() != ".esdump") continue;
+    SCOPED_TRACE(entry.path().string());
+    auto old = ReadDump(entry.path().string());
+    ASSERT_TRUE(old) << old.error().message;
+    ASSERT_LE(old->version, 3u);
+    v3 += old->version == 3;
+    for (const DumpVcpu& c : old->vcpus) EXPECT_EQ(c.tid, 0);
+    EXPECT_EQ(old->stack_counters.captures, 0u);
+    for (const FindingRecord& f : old->findings) EXPECT_TRUE(f.stack.empty());
+    const std::string bytes = SerializeDump(*old, {.include_guest_data = true});
+    auto v4 = ParseDump(bytes, "rewritten");
+    ASSERT_TRUE(v4) << v4.error().message;
+    EXPECT_EQ(v4->version, 4u);
+    EXPECT_EQ(v4->warnings, old->warnings);
+    ExpectSameStacks(*old, *v4);
+    for (size_t v = 0; v < old->vcpus.size(); ++v) {
+      const auto& a = old->vcpus[v].exits;
+      const auto& b = v4->vcpus[v].exits;
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t i = 0; i < a.size(); ++i) {
+        ASSERT_EQ(std::memcmp(&a[i], &b[i], offsetof(DumpExit, map) + sizeof(uint32_t)), 0)
+            << "vCPU " << v << " exit " << i;
+      }
+      EXPECT_EQ(old->vcpus[v].named_counters, v4->vcpus[v].named_counters);
+    }
+    EXPECT_EQ(old->devices.size(), v4->devices.size());
+    EXPECT_EQ(old->attributes, v4->attributes);
+  }
+  EXPECT_GT(v3, 0u) << "no version-3 dump in " << dir;
+}
+
+// A version-4 file must have the section; a version-3 file may lack it.
+TEST(DumpStacks, MissingOnlyBeforeVersion4) {
+  const std::string b = SerializeDump(DumpWithStacks());
+  auto secs = Sections(b);
+  std::erase_if(secs, [](const auto& s) { return s.first == 10; });
+  auto v4 = ParseDump(Build(secs, 4), "no-stacks.esdump");
+  ASSERT_FALSE(v4);
+  EXPECT_EQ(v4.error().code, ErrorCode::kCorrupt);
+  EXPECT_EQ(v4.error().message, "no-stacks.esdump: missing section 'stacks'");
+  auto v3 = ParseDump(Build(secs, 3), "v3.esdump");
+  ASSERT_TRUE(v3) << v3.error().message;
+  EXPECT_EQ(v3->findings.size(), 4u);
+  EXPECT_TRUE(v3->findings[1].stack.empty());
+  EXPECT_EQ(v3->vcpus[1].tid, 0);
+}
+
+// Whatever is wrong in the section (checksums right): one kCorrupt line naming it.
+TEST(DumpStacks, ACorruptStacksSectionIsOneLine) {
+  const std::string good = SerializeDump(DumpWithStacks());
+  // Offsets inside the section: u32 nvcpus, 2 x u32 tid, 5 x u64 counters, u32 n, then the
+  // first entry: u32 finding index, u32 tid, u8 state, u8, u16, u32 capture, u32 dropped,
+  // ref note (8), u32 n_user, u32 n_kernel, frames.
+  constexpr size_t kN = 4 + 8 + 40;
+  constexpr size_t kEntry = kN + 4;
+  const std::map<std::string, std::string> cases = {
+      {"truncated", WithStacks(good, [](std::string& s) { s.resize(s.size() - 10); })},
+      {"cut in the header", WithStacks(good, [](std::string& s) { s.resize(6); })},
+      {"empty", WithStacks(good, [](std::string& s) { s.clear(); })},
+      {"vcpu count", WithStacks(good, [](std::string& s) { Put32(s, 0, 3); })},
+      {"stack count", WithStacks(good, [&](std::string& s) { Put32(s, kN, 0x10000000); })},
+      {"finding index", WithStacks(good, [&](std::string& s) { Put32(s, kEntry, 4); })},
+      {"frame count",
+       WithStacks(good, [&](std::string& s) { Put32(s, kEntry + 28, 0xffffffffu); })},
+      {"note ref", WithStacks(good, [&](std::string& s) { Put32(s, kEntry + 20, 0x7fffffff); })},
+      {"frame function ref",
+       WithStacks(good, [&](std::string& s) { Put32(s, kEntry + 36 + 16, 0x7fffffff); })},
+      {"order", WithStacks(good,
+                           [&](std::string& s) {
+                             // The second entry names the first one's finding again.
+                             const uint32_t frames = Le32(s, kEntry + 28) + Le32(s, kEntry + 32);
+                             Put32(s, kEntry + 36 + 44 * frames, Le32(s, kEntry));
+                           })},
+  };
+  for (const auto& [what, bytes] : cases) {
+    SCOPED_TRACE(what);
+    auto r = ParseDump(bytes, "bad.esdump");
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error().code, ErrorCode::kCorrupt);
+    const std::string& m = r.error().message;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+    EXPECT_EQ(m.rfind("bad.esdump: ", 0), 0u) << m;
+    EXPECT_NE(m.find("section 'stacks'"), std::string::npos) << m;
+  }
+  EXPECT_NE(ParseDump(cases.at("finding index"), "b")
+                .error()
+                .message.find("stack 0 names finding 4 of 4"),
+            std::string::npos);
+  EXPECT_NE(ParseDump(cases.at("vcpu count"), "b")
+                .error()
+                .message.find("it holds 3 thread ids for 2 vCPUs"),
+            std::string::npos);
+  // Every truncation of the section, checksums right: never a crash, always one line.
+  const auto secs = Sections(good);
+  std::string stacks;
+  for (const auto& [id, sec] : secs) {
+    if (id == 10) stacks = sec;
+  }
+  for (size_t n = 0; n < stacks.size(); ++n) {
+    auto r = ParseDump(WithStacks(good, [&](std::string& s) { s.resize(n); }), "t");
+    ASSERT_FALSE(r) << n;
+    ASSERT_EQ(r.error().code, ErrorCode::kCorrupt) << n;
+    ASSERT_NE(r.error().message.find("section 'stacks'"), std::string::npos) << r.error().message;
+  }
+}
+
+}  // namespace
+}  // namespace exitscope

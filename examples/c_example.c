@@ -3,12 +3,17 @@
  * It has no guest: it plays the part of a VMM's exit handlers, driving the recorder with the
  * calls a vCPU loop would make for a UART (PIO 0x3f8) and an NVMe controller (MMIO
  * 0xfebf0000), a few block I/Os through a "backend", and one deliberately slow doorbell
- * write (a 30 ms handler) that the slow-exit policy reports. Then it writes a dump.
+ * write (a 30 ms handler) that the slow-exit policy reports. The watchdog finds that vCPU stuck
+ * (20 ms) and captures its thread's stack, which the hook prints (kernel frames where
+ * /proc/self/task/TID/stack is readable, user frames through the stack signal). Then it
+ * writes a dump.
  *
  *   build/examples/c_example OUT.esdump
  */
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
 #include <exitscope/exitscope.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -19,11 +24,33 @@ static void on_finding(const es_finding* f, void* user) {
   (void)user;
   ++findings;
   printf("hook: %s\n", f->line);
+  /* A stuck vCPU's stack, innermost first: valid during this call only. */
+  const es_stack* s = es_finding_stack(f);
+  if (s == NULL) return;
+  printf("hook:   thread %d, state %c, capture %u\n", (int)s->tid, s->state ? s->state : '?',
+         (unsigned)s->capture);
+  for (uint32_t i = 0; i < s->n_kernel; ++i)
+    printf("hook:   k %s+0x%llx [kernel]\n", s->kernel[i].function,
+           (unsigned long long)s->kernel[i].offset);
+  for (uint32_t i = 0; i < s->n_user; ++i) {
+    const es_frame* fr = &s->user[i];
+    if (fr->function[0] == '\0')
+      printf("hook:   u 0x%llx [%s]\n", (unsigned long long)fr->ip, fr->module);
+    else if (fr->file[0] != '\0')
+      printf("hook:   u %s+0x%llx (%s:%u) [%s]\n", fr->function, (unsigned long long)fr->offset,
+             fr->file, (unsigned)fr->line, fr->module);
+    else
+      printf("hook:   u %s+0x%llx [%s]\n", fr->function, (unsigned long long)fr->offset,
+             fr->module);
+  }
+  if (s->note[0] != '\0') printf("hook:   note: %s\n", s->note);
 }
 
+/* The stack signal interrupts nanosleep (EINTR): sleep the rest. */
 static void sleep_ms(long ms) {
   struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
 }
 
 #define CHECK(call)                                                                            \
@@ -44,6 +71,8 @@ int main(int argc, char** argv) {
   es_recorder* rec = NULL;
   CHECK(es_recorder_create(&opts, &rec));
   CHECK(es_set_finding_hook(rec, on_finding, NULL));
+  /* The watchdog's stack captures unwind a stuck vCPU thread inside this signal's handler. */
+  CHECK(es_install_stack_signal(rec, SIGRTMIN + 3));
   CHECK(es_set_attribute(rec, "vmm", "c_example (no guest: simulated exit handlers)"));
 
   uint32_t uart, nvme;
@@ -88,6 +117,9 @@ int main(int argc, char** argv) {
   es_begin_exit(rec, 0, ES_EXIT_MMIO, 0xdead0000, 4, ES_DIR_READ, 0);
   es_end_exit_value(rec, 0, 0xffffffffu);
 
+  /* The watchdog's findings (the stall and its stack capture, which takes a few ms to
+   * symbolize) are complete once it has stopped: stop it before the dump. */
+  es_watchdog_stop(rec);
   es_counters c;
   CHECK(es_get_counters(rec, &c));
   printf("exits recorded: %llu, slow: %llu, findings seen by the hook: %d\n",

@@ -7,7 +7,7 @@
 // harness (issue 12). The CRC checks themselves are covered by tests/recorder/dump_test.cc.
 //
 // A dump that parses must render both ways without throwing, re-serialise, and parse again
-// with the same vCPUs and exits, field by field.
+// with the same vCPUs and exits, field by field, and the same findings' stacks and thread ids.
 #include <zlib.h>
 
 #include <cstddef>
@@ -99,6 +99,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (std::memcmp(&a[k], &b[k], offsetof(exitscope::DumpExit, map) + sizeof(uint32_t)) != 0) {
         exitscope::fuzz::InvariantFailed("an exit changed in a re-serialised dump");
       }
+    }
+  }
+  // Thread ids, stack counters and the findings' stacks (version 4) come back as they were.
+  if (d2->findings.size() != d->findings.size()) {
+    exitscope::fuzz::InvariantFailed("finding count changed in a re-serialised dump");
+  }
+  for (size_t i = 0; i < d->findings.size(); ++i) {
+    if (!(d2->findings[i].stack == d->findings[i].stack)) {
+      exitscope::fuzz::InvariantFailed("a finding's stack changed in a re-serialised dump");
+    }
+  }
+  for (size_t i = 0; i < d->vcpus.size(); ++i) {
+    if (d2->vcpus[i].tid != d->vcpus[i].tid) {
+      exitscope::fuzz::InvariantFailed("a vCPU's thread id changed in a re-serialised dump");
     }
   }
   return 0;

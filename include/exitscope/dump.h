@@ -47,8 +47,9 @@ namespace exitscope {
 // The newest version this code writes; it reads every version from 1 up to it. Version 2 added
 // DumpExit::map to each exit record; version 3 codes each exit against its vCPU's recent ones
 // (the start against the previous, the access from the last 8), a few bytes instead of 60
-// (docs/dump-format.md).
-inline constexpr uint32_t kDumpVersion = 3;
+// (docs/dump-format.md); version 4 adds the `stacks` section: each vCPU's thread id, the stack
+// capture counters and the ThreadStack of each finding that has one.
+inline constexpr uint32_t kDumpVersion = 4;
 inline constexpr uint64_t kMaxDumpFileBytes = 4ull << 30;  // ReadDump refuses larger files
 inline constexpr char kDumpMagic[8] = {'E', 'X', 'S', 'C', 'D', 'U', 'M', 'P'};
 

@@ -98,10 +98,11 @@ typedef struct es_options {
 
 /* A slow exit or a watchdog finding, passed to hooks. Strings valid during the call only. */
 typedef enum es_event_type {
-  ES_STUCK_EXIT = 0,     /* a vCPU has been inside one exit past the threshold (still inside) */
-  ES_STUCK_EXIT_END = 1, /* that exit ended; duration_ns is its total */
-  ES_AGED_IO = 2,        /* an I/O has been in flight past io_age_ns */
-  ES_SLOW_EXIT = 3,      /* an exit ended after at least slow_exit_ns */
+  ES_STUCK_EXIT = 0,       /* a vCPU has been inside one exit past the threshold (still inside) */
+  ES_STUCK_EXIT_END = 1,   /* that exit ended; duration_ns is its total */
+  ES_AGED_IO = 2,          /* an I/O has been in flight past io_age_ns */
+  ES_SLOW_EXIT = 3,        /* an exit ended after at least slow_exit_ns */
+  ES_STUCK_EXIT_STACK = 4, /* a later stack capture of a vCPU still stuck (4x, 16x the threshold) */
 } es_event_type;
 
 typedef struct es_finding {
@@ -119,6 +120,37 @@ typedef struct es_finding {
 } es_finding;
 
 typedef void (*es_finding_hook)(const es_finding* finding, void* user);
+
+/* One frame of a captured stack (docs/stacks.md). Strings are never NULL ("" when unknown). */
+typedef struct es_frame {
+  uint64_t ip;          /* the instruction (first user frame) or the return address */
+  uint64_t offset;      /* ip - the function's start; 0 when unresolved */
+  const char* function; /* demangled, "" when unresolved */
+  const char* module;   /* "/usr/lib/x86_64-linux-gnu/libc.so.6", "[kernel]" */
+  const char* file;     /* source file where DWARF says, else "" */
+  uint32_t line;        /* 0 when unknown */
+} es_frame;
+
+/* What a stuck vCPU thread was doing when the watchdog captured it: its frames, innermost
+ * first (a thread in a system call: the kernel frames are the innermost), its /proc state and
+ * why something is missing. Library memory, read-only. */
+typedef struct es_stack {
+  int32_t tid;           /* the thread captured */
+  char state;            /* /proc state letter ('R', 'S', 'D', ...), 0 when unknown */
+  uint32_t capture;      /* 1, 2, 3...: which capture of this stall (1 = when found stuck) */
+  uint32_t user_dropped; /* user frames beyond the capture's limit, not kept */
+  uint32_t n_user;
+  const es_frame* user; /* n_user frames */
+  uint32_t n_kernel;
+  const es_frame* kernel; /* n_kernel frames; none where /proc/self/task/TID/stack is unreadable */
+  const char* note;       /* why something is missing, one line; "" when nothing is */
+} es_stack;
+
+/* The stack captured with `finding` (ES_STUCK_EXIT, ES_STUCK_EXIT_STACK) when `finding` is the
+ * argument of the finding hook running on this thread; NULL when it has none (no capture was
+ * made: another type, captures off, the vCPU's thread not known yet) or for any other pointer.
+ * Valid during the hook call only, like the finding's strings. */
+ES_EXPORT const es_stack* es_finding_stack(const es_finding* finding);
 
 typedef struct es_counters {
   uint64_t exits_written;     /* records written into all vCPU rings */
@@ -192,6 +224,17 @@ ES_EXPORT es_status es_set_slow_exit_ns(es_recorder* rec, uint64_t threshold_ns)
 ES_EXPORT es_status es_set_finding_hook(es_recorder* rec, es_finding_hook hook, void* user);
 ES_EXPORT es_status es_watchdog_start(es_recorder* rec, uint64_t stuck_exit_ns, uint64_t io_age_ns);
 ES_EXPORT void es_watchdog_stop(es_recorder* rec);
+
+/* Stack captures of stuck vCPU threads (docs/stacks.md). The watchdog captures the thread it
+ * finds stuck inside an exit: its /proc state and kernel stack, and, with a stack signal
+ * installed, its user stack, unwound inside the thread by the signal's handler.
+ * es_set_thread_id: the vCPU's thread id (gettid()); without it the recorder takes the id of
+ * the thread that makes the vCPU's first exit. ES_EINVAL for a bad vCPU or tid <= 0.
+ * es_install_stack_signal: installs the handler of real-time signal `signo`
+ * (SIGRTMIN..SIGRTMAX); one recorder per process owns it (ES_EEXIST otherwise); restored when
+ * the recorder is destroyed. nanosleep and KVM_RUN return EINTR when it arrives: retry them. */
+ES_EXPORT es_status es_set_thread_id(es_recorder* rec, uint32_t vcpu, int32_t tid);
+ES_EXPORT es_status es_install_stack_signal(es_recorder* rec, int signo);
 
 /* Metadata carried in dumps. */
 ES_EXPORT es_status es_set_attribute(es_recorder* rec, const char* key, const char* value);

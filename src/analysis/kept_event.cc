@@ -67,7 +67,9 @@ KeptFinding::KeptFinding(KeptFinding&& o) noexcept
       in_flight(std::move(o.in_flight)),
       device_(std::move(o.device_)),
       reg_(std::move(o.reg_)),
-      text_(std::move(o.text_)) {
+      text_(std::move(o.text_)),
+      stack_(std::move(o.stack_)) {
+  o.stack_.reset();
   Repoint();
   o.Repoint();
 }
@@ -76,11 +78,14 @@ KeptFinding& KeptFinding::operator=(const KeptFinding& o) {
   return *this;
 }
 KeptFinding& KeptFinding::operator=(KeptFinding&& o) noexcept {
+  if (this == &o) return *this;
   static_cast<Finding&>(*this) = o;
   in_flight = std::move(o.in_flight);
   device_ = std::move(o.device_);
   reg_ = std::move(o.reg_);
   text_ = std::move(o.text_);
+  stack_ = std::move(o.stack_);
+  o.stack_.reset();
   Repoint();
   o.Repoint();
   return *this;
@@ -89,12 +94,18 @@ void KeptFinding::Own() {
   device_ = device;
   reg_ = reg;
   text_ = text;
+  if (stack != nullptr) {
+    stack_ = *stack;
+  } else {
+    stack_.reset();
+  }
   Repoint();
 }
 void KeptFinding::Repoint() noexcept {
   device = device_;
   reg = reg_;
   text = text_;
+  stack = stack_ ? &*stack_ : nullptr;
 }
 
 }  // namespace exitscope::analysis

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -80,7 +81,7 @@ struct InflightIo {
 };
 
 // A watchdog finding kept past its sink call: the Finding itself with its strings (device,
-// reg, text) owned by this object, and the I/Os in flight at its time.
+// reg, text) and its stack owned by this object, and the I/Os in flight at its time.
 struct KeptFinding : Finding {
   std::vector<InflightIo> in_flight;  // I/Os submitted and not completed at finding time,
                                       // as far as the device events still show them
@@ -100,6 +101,7 @@ struct KeptFinding : Finding {
   void Own();
   void Repoint() noexcept;
   std::string device_, reg_, text_;
+  std::optional<ThreadStack> stack_;  // `stack` points here when the finding has one
 };
 
 }  // namespace exitscope::analysis

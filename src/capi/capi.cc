@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "exitscope/metrics.h"
 #include "exitscope/recorder.h"
@@ -26,6 +27,44 @@ struct es_metrics {
 namespace {
 
 thread_local std::string g_last_error;
+
+// What a finding hook call hands the C caller: the finding and, when it has one, its stack,
+// whose frames point into the FindingRecord (alive for the call).
+struct FindingCall {
+  es_finding finding{};
+  es_stack stack{};
+  bool has_stack = false;
+  std::vector<es_frame> user, kernel;
+
+  void Fill(const exitscope::ThreadStack& s) {
+    const auto frames = [](const std::vector<exitscope::StackFrame>& in,
+                           std::vector<es_frame>* out) {
+      out->reserve(in.size());
+      for (const exitscope::StackFrame& f : in) {
+        out->push_back({.ip = f.ip,
+                        .offset = f.offset,
+                        .function = f.function.c_str(),
+                        .module = f.module.c_str(),
+                        .file = f.file.c_str(),
+                        .line = f.line});
+      }
+    };
+    frames(s.user, &user);
+    frames(s.kernel, &kernel);
+    stack.tid = s.tid;
+    stack.state = s.state;
+    stack.capture = s.capture;
+    stack.user_dropped = s.user_dropped;
+    stack.n_user = static_cast<uint32_t>(user.size());
+    stack.user = user.data();
+    stack.n_kernel = static_cast<uint32_t>(kernel.size());
+    stack.kernel = kernel.data();
+    stack.note = s.note.c_str();
+    has_stack = true;
+  }
+};
+// The finding hook call running on this thread (es_finding_stack), else nullptr.
+thread_local const FindingCall* current_finding = nullptr;
 
 es_status SetError(es_status s, std::string message) {
   g_last_error = std::move(message);
@@ -402,7 +441,8 @@ es_status es_set_finding_hook(es_recorder* rec, es_finding_hook hook, void* user
             as.Lookup(exitscope::SpaceOf(f.kind), f.addr, f.size, f.dir);
         reg = exitscope::AddressSpace::RegisterName(res, f.size);
       }
-      es_finding c{};
+      FindingCall call;
+      es_finding& c = call.finding;
       c.type = static_cast<es_event_type>(f.type);
       c.vcpu = f.vcpu;
       c.kind = static_cast<es_exit_kind>(f.kind);
@@ -414,10 +454,31 @@ es_status es_set_finding_hook(es_recorder* rec, es_finding_hook hook, void* user
       c.device = device.c_str();
       c.reg = reg.c_str();
       c.line = f.text.c_str();
+      if (!f.stack.empty() || !f.stack.note.empty()) call.Fill(f.stack);
+      const FindingCall* outer = current_finding;
+      current_finding = &call;
       hook(&c, user);
+      current_finding = outer;
     });
     return ES_OK;
   });
+}
+
+const es_stack* es_finding_stack(const es_finding* finding) {
+  const FindingCall* call = current_finding;
+  if (finding == nullptr || call == nullptr || finding != &call->finding || !call->has_stack)
+    return nullptr;
+  return &call->stack;
+}
+
+es_status es_set_thread_id(es_recorder* rec, uint32_t vcpu, int32_t tid) {
+  if (rec == nullptr) return SetError(ES_EINVAL, "es_set_thread_id: NULL recorder");
+  return Guard([&] { return FromStatus(rec->rec->SetThreadId(vcpu, tid)); });
+}
+
+es_status es_install_stack_signal(es_recorder* rec, int signo) {
+  if (rec == nullptr) return SetError(ES_EINVAL, "es_install_stack_signal: NULL recorder");
+  return Guard([&] { return FromStatus(rec->rec->InstallStackSignal(signo)); });
 }
 
 es_status es_watchdog_start(es_recorder* rec, uint64_t stuck_exit_ns, uint64_t io_age_ns) {

@@ -28,8 +28,14 @@ enum SectionId : uint32_t {
   kExits = 7,
   kDeviceEvents = 8,
   kFindings = 9,
+  kStacks = 10,  // since version 4
 };
-constexpr uint32_t kSectionCount = 9;
+constexpr uint32_t kSectionCount = 10;
+// The first version with each section: a file of an older version has none of the sections
+// that came later (versions 1..3 have no `stacks`).
+inline constexpr uint32_t FirstVersionOf(uint32_t id) {
+  return id == kStacks ? 4 : 1;
+}
 
 inline const char* SectionName(uint32_t id) {
   switch (id) {
@@ -51,6 +57,8 @@ inline const char* SectionName(uint32_t id) {
       return "device_events";
     case kFindings:
       return "findings";
+    case kStacks:
+      return "stacks";
   }
   return "unknown";
 }

@@ -140,7 +140,11 @@ Status ReadSectionTable(std::string_view bytes, const DumpHeader& header, DumpVi
                          " bytes) the header gives");
   }
   for (uint32_t id = 1; id <= kSectionCount; ++id) {
-    if (!seen[id]) return view->Corrupt("missing section '" + std::string(SectionName(id)) + "'");
+    view->present[id] = seen[id];
+    // A section newer than the file's version is absent (versions 1..3 have no `stacks`).
+    if (!seen[id] && header.version >= FirstVersionOf(id)) {
+      return view->Corrupt("missing section '" + std::string(SectionName(id)) + "'");
+    }
   }
   return {};
 }
@@ -172,6 +176,16 @@ void CheckValues(Dump* d, ReadIssues* issues) {
   for (const FindingRecord& f : d->findings) utf8(f.text);
   for (const DumpVcpu& c : d->vcpus) {
     for (const auto& [name, val] : c.named_counters) utf8(name);
+  }
+  for (const FindingRecord& f : d->findings) {
+    utf8(f.stack.note);
+    for (const std::vector<StackFrame>* frames : {&f.stack.user, &f.stack.kernel}) {
+      for (const StackFrame& fr : *frames) {
+        utf8(fr.function);
+        utf8(fr.module);
+        utf8(fr.file);
+      }
+    }
   }
 }
 
@@ -211,9 +225,10 @@ void AddWarnings(ReadIssues* issues, Dump* d) {
                           " an unknown type; skipped");
   }
   if (issues->bad_utf8 != 0) {
-    d->warnings.push_back(n(issues->bad_utf8, "string is", "strings are") +
-                          " not valid UTF-8 (argv, comm, attributes, notes...); JSON output "
-                          "shows the bad bytes as U+FFFD");
+    d->warnings.push_back(
+        n(issues->bad_utf8, "string is", "strings are") +
+        " not valid UTF-8 (argv, comm, attributes, notes, frames...); JSON output "
+        "shows the bad bytes as U+FFFD");
   }
   for (std::string& l : issues->lines) d->warnings.push_back(std::move(l));
 }
@@ -234,7 +249,7 @@ Result<Dump> ParseDump(std::string_view bytes, std::string_view origin) {
   ReadIssues issues;
   // In this order: each section is checked against those read before it.
   for (const SectionReaderFn read : {ReadMeta, ReadDevices, ReadMaps, ReadRanges, ReadVcpusAndExits,
-                                     ReadDeviceEvents, ReadFindings}) {
+                                     ReadDeviceEvents, ReadFindings, ReadStacks}) {
     if (Status st = read(view, &d, &issues); !st) return Propagate(st);
   }
   CheckValues(&d, &issues);

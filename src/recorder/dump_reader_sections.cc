@@ -363,6 +363,7 @@ Status ReadFindings(const DumpView& sections, Dump* d, ReadIssues* issues) {
   Reader r = sections.Open(kFindings);
   const uint32_t n = r.U32();
   if (r.Count(n, 64, "finding")) {
+    issues->finding_at.assign(n, ReadIssues::kSkippedFinding);
     for (uint32_t i = 0; i < n && r.ok(); ++i) {
       FindingRecord f;
       f.time_ns = r.U64();
@@ -380,7 +381,7 @@ Status ReadFindings(const DumpView& sections, Dump* d, ReadIssues* issues) {
       f.io_id = r.U64();
       f.text = r.Str(strs);
       if (!r.ok()) break;
-      if (type > static_cast<uint8_t>(FindingType::kSlowExit)) {
+      if (type > static_cast<uint8_t>(FindingType::kStuckExitStack)) {
         ++issues->unknown_finding;
         continue;  // a finding of a type this reader cannot name: counted, not shown
       }
@@ -394,7 +395,78 @@ Status ReadFindings(const DumpView& sections, Dump* d, ReadIssues* issues) {
         f.device = kUnassigned;
         f.reg = kNoRegister;
       }
+      issues->finding_at[i] = static_cast<uint32_t>(d->findings.size());
       d->findings.push_back(std::move(f));
+    }
+  }
+  if (!r.ok()) return r.Fail();
+  return {};
+}
+
+Status ReadStacks(const DumpView& sections, Dump* d, ReadIssues* issues) {
+  if (!sections.present[kStacks]) return {};  // a file older than version 4
+  const std::string_view strs = sections.strings();
+  Reader r = sections.Open(kStacks);
+  const uint32_t nvcpus = r.U32();
+  if (r.ok() && nvcpus != d->vcpus.size()) {
+    r.Bad("it holds " + std::to_string(nvcpus) + " thread ids for " +
+          std::to_string(d->vcpus.size()) + " vCPUs");
+  }
+  if (r.Count(nvcpus, 4, "thread id")) {
+    for (DumpVcpu& c : d->vcpus) c.tid = static_cast<int32_t>(r.U32());
+  }
+  StackCounters& sc = d->stack_counters;
+  for (uint64_t* v : {&sc.captures, &sc.signal_timeouts, &sc.exit_changed, &sc.frames_dropped,
+                      &sc.captures_skipped}) {
+    *v = r.U64();
+  }
+  const uint32_t n = r.U32();
+  constexpr uint64_t kMinStack = 36;  // an entry without frames
+  constexpr uint64_t kFrameSize = 44;
+  const uint64_t file_findings = issues->finding_at.size();
+  uint64_t next = 0;  // the lowest finding index the next entry may name
+  if (r.Count(n, kMinStack, "stack")) {
+    for (uint32_t i = 0; i < n && r.ok(); ++i) {
+      const uint32_t index = r.U32();
+      ThreadStack st;
+      st.tid = static_cast<int32_t>(r.U32());
+      st.state = static_cast<char>(r.U8());
+      r.U8();
+      r.U16();
+      st.capture = r.U32();
+      st.user_dropped = r.U32();
+      st.note = r.Str(strs);
+      const uint32_t nuser = r.U32();
+      const uint32_t nkernel = r.U32();
+      if (!r.ok()) break;
+      if (index >= file_findings) {
+        r.Bad("stack " + std::to_string(i) + " names finding " + std::to_string(index) + " of " +
+              std::to_string(file_findings));
+        break;
+      }
+      if (index < next) {
+        r.Bad("stack " + std::to_string(i) + " names finding " + std::to_string(index) +
+              " out of order (the findings' stacks are stored in finding order, once each)");
+        break;
+      }
+      next = uint64_t{index} + 1;
+      if (!r.Count(uint64_t{nuser} + nkernel, kFrameSize, "frame")) break;
+      for (std::vector<StackFrame>* frames : {&st.user, &st.kernel}) {
+        const uint32_t count = frames == &st.user ? nuser : nkernel;
+        frames->reserve(count);
+        for (uint32_t k = 0; k < count && r.ok(); ++k) {
+          StackFrame& fr = frames->emplace_back();
+          fr.ip = r.U64();
+          fr.offset = r.U64();
+          fr.function = r.Str(strs);
+          fr.module = r.Str(strs);
+          fr.file = r.Str(strs);
+          fr.line = r.U32();
+        }
+      }
+      if (!r.ok()) break;
+      const uint32_t at = issues->finding_at[index];
+      if (at != ReadIssues::kSkippedFinding) d->findings[at].stack = std::move(st);
     }
   }
   if (!r.ok()) return r.Fail();

@@ -102,6 +102,10 @@ struct ReadIssues {
   uint64_t unknown_finding = 0;
   uint64_t bad_utf8 = 0;
   std::vector<std::string> lines;  // other findings, one line each
+  // Not an issue: where each finding of the file went in Dump::findings (kSkippedFinding for
+  // one of an unknown type), so that the `stacks` section can name findings by file index.
+  static constexpr uint32_t kSkippedFinding = UINT32_MAX;
+  std::vector<uint32_t> finding_at;
 
   void Kind(uint8_t k) {
     if (unknown_kind++ == 0) first_kind = k;
@@ -118,6 +122,7 @@ struct DumpView {
   uint32_t version = 0;                      // the dump's format version
   std::string_view data[kSectionCount + 1];  // by SectionId; [0] is unused
   uint64_t offset[kSectionCount + 1] = {};   // where each section starts in the file
+  bool present[kSectionCount + 1] = {};      // false only for a section newer than the file
 
   std::string_view strings() const { return data[kStrings]; }
   // A reader of section `id`, its errors named by the section and its offsets in the file.
@@ -143,5 +148,8 @@ Status ReadRanges(const DumpView& sections, Dump* d, ReadIssues* issues);
 Status ReadVcpusAndExits(const DumpView& sections, Dump* d, ReadIssues* issues);
 Status ReadDeviceEvents(const DumpView& sections, Dump* d, ReadIssues* issues);
 Status ReadFindings(const DumpView& sections, Dump* d, ReadIssues* issues);
+// `stacks` (version 4 on; nothing in older files): the vCPUs' thread ids, the stack counters
+// and the findings' stacks, each naming its finding by its index in the `findings` section.
+Status ReadStacks(const DumpView& sections, Dump* d, ReadIssues* issues);
 
 }  // namespace exitscope::internal::dump_read

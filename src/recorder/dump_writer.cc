@@ -88,6 +88,11 @@ void PutExit(Writer& w, const DumpExit& e, bool guest_data) {
   w.U32(e.map);  // since version 2
 }
 
+// A finding's stack is stored when a capture was made or a note says why none was.
+bool HasStack(const ThreadStack& s) {
+  return !s.empty() || !s.note.empty();
+}
+
 void PutLe(char* p, uint64_t v, int n) {
   for (int i = 0; i < n; ++i) p[i] = static_cast<char>((v >> (8 * i)) & 0xff);
 }
@@ -259,6 +264,42 @@ void BuildSections(const Dump& d, const DumpOptions& opts, const uint64_t* exit_
       w.U32(f.reg_delta);
       w.U64(f.io_id);
       strings.Ref(w, f.text);
+    }
+  }
+  {  // since version 4: thread ids, stack counters, the findings' stacks
+    Writer& w = sec[kStacks];
+    w.U32(static_cast<uint32_t>(d.vcpus.size()));
+    for (const DumpVcpu& c : d.vcpus) w.U32(static_cast<uint32_t>(c.tid));
+    const StackCounters& sc = d.stack_counters;
+    for (uint64_t v :
+         {sc.captures, sc.signal_timeouts, sc.exit_changed, sc.frames_dropped, sc.captures_skipped})
+      w.U64(v);
+    uint32_t n = 0;
+    for (const FindingRecord& f : d.findings) n += HasStack(f.stack) ? 1 : 0;
+    w.U32(n);
+    for (size_t i = 0; i < d.findings.size(); ++i) {
+      const ThreadStack& st = d.findings[i].stack;
+      if (!HasStack(st)) continue;
+      w.U32(static_cast<uint32_t>(i));
+      w.U32(static_cast<uint32_t>(st.tid));
+      w.U8(static_cast<uint8_t>(st.state));
+      w.U8(0);
+      w.U16(0);
+      w.U32(st.capture);
+      w.U32(st.user_dropped);
+      strings.Ref(w, st.note);
+      w.U32(static_cast<uint32_t>(st.user.size()));
+      w.U32(static_cast<uint32_t>(st.kernel.size()));
+      for (const std::vector<StackFrame>* frames : {&st.user, &st.kernel}) {
+        for (const StackFrame& fr : *frames) {
+          w.U64(fr.ip);
+          w.U64(fr.offset);
+          strings.Ref(w, fr.function);
+          strings.Ref(w, fr.module);
+          strings.Ref(w, fr.file);
+          w.U32(fr.line);
+        }
+      }
     }
   }
   sec[kStrings].buf() = strings.data();

@@ -133,6 +133,36 @@ void CounterTableText(std::string& out, const CounterTable& t) {
                        t.zero_rows_hidden, t.zero_rows_hidden == 1 ? "" : "s");
 }
 
+// "vCPU 0 tid 4300, vCPU 1 tid 4301" for the vCPUs that pass the filter and whose thread id
+// is known; "" when none is.
+std::string ThreadIds(const Dump& d, const analysis::SummaryFilter& filter) {
+  std::string out;
+  for (const DumpVcpu& v : d.vcpus) {
+    if ((filter.vcpu && v.vcpu != *filter.vcpu) || v.tid == 0) continue;
+    out += fmt::format("{}vCPU {} tid {}", out.empty() ? "" : ", ", v.vcpu, v.tid);
+  }
+  return out;
+}
+
+// A captured stack as JSON (docs/json.md "Stacks").
+nlohmann::json StackJson(const ThreadStack& st) {
+  const auto frames = [](const std::vector<StackFrame>& fs) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const StackFrame& f : fs)
+      a.push_back({{"ip", fmt::format("{:#x}", f.ip)},
+                   {"function", f.function},
+                   {"offset", f.offset},
+                   {"module", f.module},
+                   {"file", f.file},
+                   {"line", f.line}});
+    return a;
+  };
+  return {{"tid", st.tid},          {"state", StackStateText(st.state)},
+          {"capture", st.capture},  {"user_dropped", st.user_dropped},
+          {"note", st.note},        {"kernel", frames(st.kernel)},
+          {"user", frames(st.user)}};
+}
+
 std::string FindingLine(const analysis::KeptFinding& f) {
   return std::string(f.text.empty() ? ToString(f.type) : f.text);
 }
@@ -150,6 +180,8 @@ std::string RenderTable(const Dump& d, const ExitSummary& s, const ExitHealthOpt
       FormatDurationNs(d.slow_exit_threshold_ns), d.watchdog_running ? "on" : "off",
       FormatDurationNs(d.watchdog.stuck_exit_ns), FormatDurationNs(d.watchdog.io_age_ns));
   out += fmt::format("  guest data {}\n", d.includes_guest_data ? "INCLUDED" : "not included");
+  if (const std::string t = ThreadIds(d, o.filter); !t.empty())
+    out += fmt::format("  threads   {}\n", t);
   for (const std::string& w : d.warnings) out += fmt::format("  warning   {}\n", w);
   if (o.filter.vcpu || o.filter.device) {
     out += "  filter   ";
@@ -192,6 +224,12 @@ std::string RenderTable(const Dump& d, const ExitSummary& s, const ExitHealthOpt
     for (const auto& io : f.in_flight)
       out += fmt::format("      in flight: {} io {} for {}\n", io.device_name, io.io_id,
                          FormatDurationNs(io.age_ns));
+    if (f.stack != nullptr) {
+      out += fmt::format("      stack: {}\n", StackHeadline(*f.stack));
+      for (const std::string& line : StackFrameLines(*f.stack, /*marked=*/true))
+        out += fmt::format("        {}\n", line);
+      if (!f.stack->note.empty()) out += fmt::format("      note: {}\n", f.stack->note);
+    }
   }
 
   CounterTableText(out, BuildCounterTable(d, o.filter, o.max_rows == 0));
@@ -203,6 +241,13 @@ std::string RenderTable(const Dump& d, const ExitSummary& s, const ExitHealthOpt
       l.exits_written, l.exits_overwritten, l.exits_skipped, l.device_events_written,
       l.device_events_overwritten, l.device_events_dropped, l.device_events_skipped,
       l.findings_dropped);
+  const StackCounters& sc = d.stack_counters;
+  if (sc.captures || sc.signal_timeouts || sc.exit_changed || sc.frames_dropped ||
+      sc.captures_skipped)
+    out += fmt::format(
+        "Stack captures: {} attached to findings; {} signal timeouts, {} after the exit ended, "
+        "{} user frames dropped, {} captures skipped\n",
+        sc.captures, sc.signal_timeouts, sc.exit_changed, sc.frames_dropped, sc.captures_skipped);
   if (l.bad_vcpu || l.end_without_begin || l.begin_without_end || l.io_inflight_overflow)
     out += fmt::format(
         "API misuse: bad vCPU {}, end without begin {}, begin without end {}, "
@@ -270,15 +315,29 @@ std::string RenderJson(const Dump& d, const ExitSummary& s, const ExitHealthOpti
                            {"io_id", io.io_id},
                            {"submitted_ns", io.submitted_ns},
                            {"age_ns", io.age_ns}});
-    j["findings"].push_back({{"time_ns", f.time_ns},
-                             {"type", ToString(f.type)},
-                             {"vcpu", f.vcpu},
-                             {"duration_ns", f.duration_ns},
-                             {"device", f.device},
-                             {"io_id", f.io_id},
-                             {"text", f.text},
-                             {"in_flight", std::move(in_flight)}});
+    j["findings"].push_back(
+        {{"time_ns", f.time_ns},
+         {"type", ToString(f.type)},
+         {"vcpu", f.vcpu},
+         {"duration_ns", f.duration_ns},
+         {"device", f.device},
+         {"io_id", f.io_id},
+         {"text", f.text},
+         {"in_flight", std::move(in_flight)},
+         {"stack", f.stack != nullptr ? StackJson(*f.stack) : nlohmann::json()}});
   }
+  j["vcpus"] = nlohmann::json::array();
+  for (const DumpVcpu& v : d.vcpus) {
+    if (o.filter.vcpu && v.vcpu != *o.filter.vcpu) continue;
+    j["vcpus"].push_back(
+        {{"vcpu", v.vcpu}, {"tid", v.tid != 0 ? nlohmann::json(v.tid) : nlohmann::json()}});
+  }
+  const StackCounters& sc = d.stack_counters;
+  j["stack_counters"] = {{"captures", sc.captures},
+                         {"signal_timeouts", sc.signal_timeouts},
+                         {"exit_changed", sc.exit_changed},
+                         {"frames_dropped", sc.frames_dropped},
+                         {"captures_skipped", sc.captures_skipped}};
   j["vcpu_counters"] = nlohmann::json::object();
   for (const auto& [k, v] : s.vcpu_counters) j["vcpu_counters"][k] = v;
   // The same counters per vCPU, every one (zeros too), and which of them are exit counters.

@@ -164,6 +164,22 @@ void DumpSections(html::Page& p, const Dump& d, const ExitHealthOptions& o,
            std::string(f.text.empty() ? ToString(f.type) : f.text), std::move(io)});
     }
     tables.blocks.push_back(std::move(tab));
+    // Each captured stack behind its own summary, in the table's order: what the stuck vCPU
+    // thread was doing (kernel frames "k", user frames "u", innermost first; the note).
+    n = 0;
+    for (const auto& f : s.findings) {
+      if (n++ == plot.table_rows) break;
+      if (f.stack == nullptr) continue;
+      std::string text;
+      for (const std::string& line : StackFrameLines(*f.stack, /*marked=*/true))
+        text += line + "\n";
+      if (!f.stack->note.empty()) text += "note: " + f.stack->note + "\n";
+      tables.blocks.push_back(Details{
+          fmt::format("Stack at {:+.6f} s, {} of vCPU {}: {}",
+                      (static_cast<double>(f.time_ns) - static_cast<double>(s.first_ns)) / 1e9,
+                      ToString(f.type), f.vcpu, StackHeadline(*f.stack)),
+          std::move(text)});
+    }
   }
   const auto& l = s.losses;
   const auto num = [](uint64_t v) { return fmt::format("{}", v); };

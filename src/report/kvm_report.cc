@@ -235,7 +235,7 @@ nlohmann::json GroupJson(const KvmGroup& g, const KvmRenderOptions& opts) {
 
 std::string_view CsvHeader() {
   return "scope,vm,vcpu,key,name,samples,samples_pct,time_ns,time_pct,min_ns,max_ns,mean_ns,"
-         "stderr_pct,p50_ns,p99_ns,p999_ns\n";
+         "stderr_pct,p50_ns,p99_ns,p999_ns,stack\n";
 }
 
 std::string CsvField(std::string_view s) {
@@ -253,7 +253,7 @@ void AppendCsvRows(std::string& out, std::string_view scope, const analysis::Exi
   const auto quote = CsvField;
   for (const KvmRow* r : analysis::SortedRows(g, order)) {
     const auto& s = r->stats;
-    out += fmt::format("{},{},{},{},{},{},{:.4f},{},{:.4f},{},{},{:.1f},{:.4f},{},{},{}\n", scope,
+    out += fmt::format("{},{},{},{},{},{},{:.4f},{},{:.4f},{},{},{:.1f},{:.4f},{},{},{},\n", scope,
                        g.vm >= 0 ? fmt::format("{}", g.vm) : "",
                        g.vcpu >= 0 ? fmt::format("{}", g.vcpu) : "", quote(r->key), quote(r->name),
                        s.count(), Pct(s.count(), g.samples), s.sum(), Pct(s.sum(), g.time_ns),

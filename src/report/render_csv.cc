@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "analysis/exit_summary.h"
+#include "report/format.h"
 #include "report/render_text.h"
 
 namespace exitscope::report {
@@ -18,6 +19,15 @@ std::string HealthCsv(const HealthModel& h) {
   AppendCsvRows(out, "device", s.by_device, analysis::RowOrder::kTime);
   AppendCsvRows(out, "register", s.by_register, analysis::RowOrder::kTime);
   AppendCsvRows(out, "vcpu", s.by_vcpu, analysis::RowOrder::kTime);
+  // The findings, one row each in time order: key the type, name the line as logged, samples
+  // 1, time_ns its duration, stack its frames innermost first joined by " <- ".
+  for (const analysis::KeptFinding& f : s.findings) {
+    const bool on_vcpu = f.type != FindingType::kAgedIo;
+    out +=
+        fmt::format("finding,,{},{},{},1,,{},,,,,,,,,{}\n",
+                    on_vcpu ? fmt::format("{}", f.vcpu) : "", ToString(f.type), CsvField(f.text),
+                    f.duration_ns, f.stack != nullptr ? CsvField(JoinedStackFrames(*f.stack)) : "");
+  }
   return out;
 }
 

@@ -15,6 +15,7 @@
 #include "base/output_file.h"
 #include "base/text.h"
 #include "exitscope/clock.h"
+#include "report/format.h"
 #include "sources/dump_source.h"
 #include "sources/kvm_input.h"
 #include "sources/kvm_pairing.h"
@@ -463,6 +464,25 @@ void TimelineWriter::OnFinding(const Finding& f) {
   if (!f.text.empty()) {
     buf_ += "\"text\":";
     AppendJsonString(buf_, f.text);
+    buf_ += ',';
+  }
+  if (f.stack != nullptr) {
+    // The stuck thread's frames, innermost first (kernel, then user), as FormatFrame writes
+    // them; its thread id, state and note.
+    fmt::format_to(out, "\"tid\":{},\"state\":", f.stack->tid);
+    AppendJsonString(buf_, StackStateText(f.stack->state));
+    buf_ += ",\"frames\":[";
+    bool first = true;
+    for (const std::string& frame : StackFrameLines(*f.stack)) {
+      if (!first) buf_ += ',';
+      first = false;
+      AppendJsonString(buf_, frame);
+    }
+    buf_ += "],";
+    if (!f.stack->note.empty()) {
+      buf_ += "\"stack_note\":";
+      AppendJsonString(buf_, f.stack->note);
+    }
   }
   CloseArgs();
 }

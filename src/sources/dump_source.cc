@@ -99,6 +99,8 @@ Finding DumpSource::ToEvent(const FindingRecord& f) {
   }
   x.io_id = f.io_id;
   x.text = f.text;
+  // A capture, or only a note saying why there is none (the dump stores both).
+  if (!f.stack.empty() || !f.stack.note.empty()) x.stack = &f.stack;
   return x;
 }
 

@@ -23,6 +23,7 @@
 
 #include "exitscope/device_events.h"
 #include "exitscope/exit_record.h"
+#include "exitscope/stack.h"
 #include "exitscope/watchdog.h"
 
 namespace exitscope {
@@ -119,7 +120,8 @@ struct DeviceEvent {
 };
 
 // A watchdog finding: a vCPU stuck in an exit (kStuckExitBegin while still inside,
-// kStuckExitEnd when it ended), an I/O in flight too long (kAgedIo), a slow exit (kSlowExit).
+// kStuckExitEnd when it ended, kStuckExitStack a later capture while still inside), an I/O in
+// flight too long (kAgedIo), a slow exit (kSlowExit).
 struct Finding {
   uint64_t time_ns = 0;
   FindingType type = FindingType::kStuckExitBegin;
@@ -130,6 +132,10 @@ struct Finding {
   std::string_view reg;
   uint64_t io_id = 0;
   std::string_view text;  // the human line as logged
+  // What the stuck vCPU thread was doing (exitscope/stack.h): its frames, state and note, as
+  // the source owns them (valid for the call, like the strings); nullptr when the finding has
+  // no stack (another type, no capture made, or a source without stacks).
+  const ThreadStack* stack = nullptr;
 };
 
 // Receives a source's events in time order per vCPU (not necessarily globally).

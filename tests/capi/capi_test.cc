@@ -3,10 +3,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -211,6 +215,96 @@ TEST_F(CApiTest, ExitsHooksCountersAndDump) {
   EXPECT_NE(std::string(es_last_error()).find(cut), std::string::npos) << es_last_error();
   std::remove(path.c_str());
   std::remove(cut.c_str());
+}
+
+// The vCPU thread of the stack test: inside an exit, blocked in read() of a pipe until the
+// test writes to it. Not inlined: the capture must show it as a frame of its own.
+__attribute__((noinline)) void BlockInPipeRead(es_recorder* rec, int fd) {
+  es_begin_exit(rec, 0, ES_EXIT_MMIO, 0xd0000050, 4, ES_DIR_WRITE, 1);
+  char c;
+  while (read(fd, &c, 1) < 0 && errno == EINTR) {
+  }
+  es_end_exit(rec, 0);
+}
+
+struct StackLog {
+  std::mutex mu;
+  int findings = 0, stacks = 0;
+  uint32_t max_user = 0;
+  int32_t tid = 0;
+  bool named = false;               // a user frame names BlockInPipeRead
+  bool other_pointer_null = false;  // es_finding_stack of a copy of the finding is NULL
+  std::vector<std::string> frames;  // of the first stack with user frames
+};
+
+// The watchdog finds a plain thread stuck inside an exit (blocked in read() for ~300 ms) and,
+// with the stack signal installed, the hook gets its frames through es_finding_stack: user
+// frames, one of them the blocking function (the test is built with frame pointers and -g).
+TEST(CApiStacks, AHookSeesTheFramesOfAStuckThread) {
+  es_options o;
+  es_options_init(&o);
+  o.num_vcpus = 1;
+  o.stuck_exit_ns = 20'000'000;
+  o.log_slow_exits = 0;
+  es_recorder* rec = nullptr;
+  ASSERT_EQ(es_recorder_create(&o, &rec), ES_OK) << es_last_error();
+  ASSERT_EQ(es_install_stack_signal(rec, SIGRTMIN + 3), ES_OK) << es_last_error();
+  EXPECT_EQ(es_set_thread_id(rec, 1, 1234), ES_EINVAL);  // no vCPU 1
+  EXPECT_EQ(es_set_thread_id(rec, 0, 0), ES_EINVAL);
+  EXPECT_EQ(es_set_thread_id(nullptr, 0, 1), ES_EINVAL);
+  EXPECT_EQ(es_install_stack_signal(nullptr, SIGRTMIN + 3), ES_EINVAL);
+  EXPECT_EQ(es_finding_stack(nullptr), nullptr);
+  StackLog log;
+  ASSERT_EQ(es_set_finding_hook(
+                rec,
+                [](const es_finding* f, void* user) {
+                  auto* l = static_cast<StackLog*>(user);
+                  std::lock_guard<std::mutex> lock(l->mu);
+                  ++l->findings;
+                  const es_stack* s = es_finding_stack(f);
+                  const es_finding copy = *f;
+                  l->other_pointer_null = es_finding_stack(&copy) == nullptr;
+                  if (s == nullptr) return;
+                  ++l->stacks;
+                  l->tid = s->tid;
+                  l->max_user = std::max(l->max_user, s->n_user);
+                  for (uint32_t i = 0; i < s->n_user; ++i) {
+                    if (std::strstr(s->user[i].function, "BlockInPipeRead") != nullptr)
+                      l->named = true;
+                  }
+                  if (l->frames.empty() && s->n_user > 0) {
+                    for (uint32_t i = 0; i < s->n_kernel; ++i)
+                      l->frames.push_back(std::string("k ") + s->kernel[i].function);
+                    for (uint32_t i = 0; i < s->n_user; ++i)
+                      l->frames.push_back(std::string("u ") + s->user[i].function + " [" +
+                                          s->user[i].module + "]");
+                    if (s->note[0] != '\0') l->frames.push_back(std::string("note ") + s->note);
+                  }
+                },
+                &log),
+            ES_OK);
+  int p[2];
+  ASSERT_EQ(pipe(p), 0);
+  std::atomic<int32_t> tid{0};
+  std::thread vcpu([&] {
+    tid = static_cast<int32_t>(gettid());
+    EXPECT_EQ(es_set_thread_id(rec, 0, tid), ES_OK) << es_last_error();
+    BlockInPipeRead(rec, p[0]);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_EQ(write(p[1], "x", 1), 1);
+  vcpu.join();
+  es_recorder_destroy(rec);
+  close(p[0]);
+  close(p[1]);
+  std::string frames;
+  for (const std::string& f : log.frames) frames += "\n  " + f;
+  EXPECT_GE(log.findings, 1);
+  EXPECT_GE(log.stacks, 1) << "no finding carried a stack";
+  EXPECT_TRUE(log.other_pointer_null);
+  EXPECT_EQ(log.tid, tid.load());
+  EXPECT_GT(log.max_user, 0u) << "no user frames";
+  EXPECT_TRUE(log.named) << "no user frame names BlockInPipeRead:" << frames;
 }
 
 TEST_F(CApiTest, AttributesCountersAndWatchdog) {

@@ -158,10 +158,11 @@ TEST(KvmReport, CsvHasHeaderAndOneLinePerRow) {
   std::string line;
   std::getline(in, line);
   EXPECT_EQ(line.rfind("scope,vm,vcpu,key,name,samples,", 0), 0u);
+  EXPECT_EQ(std::count(line.begin(), line.end(), ','), 16) << line;  // 17 columns, `stack` last
   int rows = 0;
   while (std::getline(in, line)) {
     ++rows;
-    EXPECT_EQ(std::count(line.begin(), line.end(), ','), 15) << line;
+    EXPECT_EQ(std::count(line.begin(), line.end(), ','), 16) << line;  // `stack` empty here
   }
   EXPECT_EQ(rows, 4);  // 2 rows for all, 2 for VM 16330
 }

@@ -331,6 +331,44 @@ pub enum FindingType {
     AgedIo,
     /// An exit ended after at least the slow-exit threshold.
     SlowExit,
+    /// A later stack capture of a vCPU still stuck (at 4x, 16x the watchdog threshold).
+    StuckExitStack,
+}
+
+/// One frame of a captured stack (docs/stacks.md). Borrowed: valid during the hook call only.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Frame<'a> {
+    /// The instruction (first user frame) or the return address.
+    pub ip: u64,
+    /// `ip` - the function's start; 0 when unresolved.
+    pub offset: u64,
+    /// Demangled (`exitscope::vmm::BlockDevice::Write`, `anon_pipe_read`); "" when unresolved.
+    pub function: Cow<'a, str>,
+    /// `/usr/lib/x86_64-linux-gnu/libc.so.6`, `[kernel]`.
+    pub module: Cow<'a, str>,
+    /// The source file where DWARF says, else "".
+    pub file: Cow<'a, str>,
+    /// 0 when unknown.
+    pub line: u32,
+}
+
+/// What a stuck vCPU thread was doing when the watchdog captured it. Frames innermost first
+/// (a thread in a system call: the kernel frames are the innermost).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stack<'a> {
+    /// The thread captured.
+    pub tid: i32,
+    /// Its `/proc` state letter ('R', 'S', 'D', ...), `None` when unknown.
+    pub state: Option<char>,
+    /// 1, 2, 3...: which capture of this stall (1 = when found stuck).
+    pub capture: u32,
+    /// User frames beyond the capture's limit, not kept.
+    pub user_dropped: u32,
+    pub user: Vec<Frame<'a>>,
+    /// Empty where `/proc/self/task/TID/stack` is not readable (the note says so).
+    pub kernel: Vec<Frame<'a>>,
+    /// Why something is missing, one line; "" when nothing is.
+    pub note: Cow<'a, str>,
 }
 
 /// A slow exit or a watchdog finding, as passed to the hook set by
@@ -352,6 +390,20 @@ pub struct Finding<'a> {
     /// The log line, e.g. `vCPU 1: stuck in exit MMIO write 4B to nvme0.SQ1TDBL (0xfebf1008)
     /// for 24.21 ms (still inside)`.
     pub line: Cow<'a, str>,
+    /// The stuck vCPU thread's capture ([`FindingType::StuckExit`],
+    /// [`FindingType::StuckExitStack`]); `None` when none was made.
+    pub stack: Option<Stack<'a>>,
+}
+
+impl Finding<'_> {
+    /// The captured user frames, innermost first; empty without a capture.
+    pub fn user_frames(&self) -> &[Frame<'_>] {
+        self.stack.as_ref().map_or(&[], |s| &s.user)
+    }
+    /// The captured kernel frames, innermost first; empty without a capture.
+    pub fn kernel_frames(&self) -> &[Frame<'_>] {
+        self.stack.as_ref().map_or(&[], |s| &s.kernel)
+    }
 }
 
 type FindingHook = dyn Fn(&Finding<'_>) + Send + Sync + 'static;
@@ -618,6 +670,21 @@ impl Recorder {
         check(unsafe { sys::es_watchdog_start(self.raw(), nanos(stuck_exit), nanos(io_age)) })
     }
 
+    /// The thread id (`gettid()`) of vCPU `vcpu`, for the watchdog's stack captures; without
+    /// it the recorder takes the id of the thread that makes the vCPU's first exit.
+    /// [`ErrorCode::InvalidArgument`] for a bad vCPU or a tid <= 0.
+    pub fn set_thread_id(&self, vcpu: u32, tid: i32) -> Result<()> {
+        check(unsafe { sys::es_set_thread_id(self.raw(), vcpu, tid) })
+    }
+
+    /// Installs the handler of real-time signal `signo` (SIGRTMIN..SIGRTMAX) that the watchdog
+    /// sends a stuck vCPU thread, which then unwinds its own user stack into the finding
+    /// ([`Finding::stack`]). One recorder per process owns it ([`ErrorCode::AlreadyExists`]
+    /// otherwise). `nanosleep` and `KVM_RUN` return EINTR when it arrives: retry them.
+    pub fn install_stack_signal(&self, signo: i32) -> Result<()> {
+        check(unsafe { sys::es_install_stack_signal(self.raw(), signo) })
+    }
+
     /// Stops the watchdog (a stuck exit it reported still gets its end finding).
     pub fn stop_watchdog(&self) {
         unsafe { sys::es_watchdog_stop(self.raw()) }
@@ -746,6 +813,7 @@ unsafe extern "C" fn finding_trampoline(f: *const sys::es_finding, user: *mut c_
                 sys::ES_STUCK_EXIT => FindingType::StuckExit,
                 sys::ES_STUCK_EXIT_END => FindingType::StuckExitEnd,
                 sys::ES_AGED_IO => FindingType::AgedIo,
+                sys::ES_STUCK_EXIT_STACK => FindingType::StuckExitStack,
                 _ => FindingType::SlowExit,
             },
             vcpu: f.vcpu,
@@ -758,6 +826,36 @@ unsafe extern "C" fn finding_trampoline(f: *const sys::es_finding, user: *mut c_
             device: text(f.device),
             register: text(f.reg),
             line: text(f.line),
+            // SAFETY: `f` is this hook call's finding; the stack and its frames are valid for
+            // the call.
+            stack: unsafe { sys::es_finding_stack(f).as_ref() }.map(|s| {
+                let frames = |p: *const sys::es_frame, n: u32| {
+                    let raw: &[sys::es_frame] = if p.is_null() {
+                        &[]
+                    } else {
+                        unsafe { std::slice::from_raw_parts(p, n as usize) }
+                    };
+                    raw.iter()
+                        .map(|fr| Frame {
+                            ip: fr.ip,
+                            offset: fr.offset,
+                            function: text(fr.function),
+                            module: text(fr.module),
+                            file: text(fr.file),
+                            line: fr.line,
+                        })
+                        .collect::<Vec<_>>()
+                };
+                Stack {
+                    tid: s.tid,
+                    state: (s.state != 0).then(|| char::from(s.state as u8)),
+                    capture: s.capture,
+                    user_dropped: s.user_dropped,
+                    user: frames(s.user, s.n_user),
+                    kernel: frames(s.kernel, s.n_kernel),
+                    note: text(s.note),
+                }
+            }),
         };
         hook(&finding);
     });

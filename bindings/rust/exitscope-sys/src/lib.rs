@@ -89,6 +89,7 @@ pub const ES_STUCK_EXIT: es_event_type = 0;
 pub const ES_STUCK_EXIT_END: es_event_type = 1;
 pub const ES_AGED_IO: es_event_type = 2;
 pub const ES_SLOW_EXIT: es_event_type = 3;
+pub const ES_STUCK_EXIT_STACK: es_event_type = 4;
 
 /// A slow exit or watchdog finding, passed to the hook; strings valid during the call only.
 #[repr(C)]
@@ -109,6 +110,33 @@ pub struct es_finding {
 
 pub type es_finding_hook =
     Option<unsafe extern "C" fn(finding: *const es_finding, user: *mut c_void)>;
+
+/// One frame of a captured stack; strings never NULL ("" when unknown).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct es_frame {
+    pub ip: u64,
+    pub offset: u64,
+    pub function: *const c_char,
+    pub module: *const c_char,
+    pub file: *const c_char,
+    pub line: u32,
+}
+
+/// A stuck vCPU thread's capture (es_finding_stack), library memory valid during the hook call.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct es_stack {
+    pub tid: i32,
+    pub state: c_char,
+    pub capture: u32,
+    pub user_dropped: u32,
+    pub n_user: u32,
+    pub user: *const es_frame,
+    pub n_kernel: u32,
+    pub kernel: *const es_frame,
+    pub note: *const c_char,
+}
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -193,6 +221,9 @@ extern "C" {
         hook: es_finding_hook,
         user: *mut c_void,
     ) -> es_status;
+    pub fn es_finding_stack(finding: *const es_finding) -> *const es_stack;
+    pub fn es_set_thread_id(rec: *mut es_recorder, vcpu: u32, tid: i32) -> es_status;
+    pub fn es_install_stack_signal(rec: *mut es_recorder, signo: c_int) -> es_status;
     pub fn es_watchdog_start(
         rec: *mut es_recorder,
         stuck_exit_ns: u64,
@@ -262,6 +293,15 @@ mod tests {
         assert_eq!(offset_of!(es_finding, addr), 24);
         assert_eq!(offset_of!(es_finding, device), 48);
         assert_eq!(size_of::<es_counters>(), 80);
+        assert_eq!(size_of::<es_frame>(), 48);
+        assert_eq!(offset_of!(es_frame, function), 16);
+        assert_eq!(offset_of!(es_frame, line), 40);
+        assert_eq!(size_of::<es_stack>(), 56);
+        assert_eq!(offset_of!(es_stack, state), 4);
+        assert_eq!(offset_of!(es_stack, capture), 8);
+        assert_eq!(offset_of!(es_stack, user), 24);
+        assert_eq!(offset_of!(es_stack, kernel), 40);
+        assert_eq!(offset_of!(es_stack, note), 48);
     }
 
     // es_options_init fills every field with the documented default: a field at the wrong

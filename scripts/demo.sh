@@ -16,9 +16,9 @@ if kvm_works; then
     --inject backend-delay:nvme0:300:64 --dump "$DUMP"
 fi
 
-SHIPPED=testdata/dumps/c-example.esdump
+SHIPPED=testdata/dumps/v4-c-example-stacks.esdump
 echo "== /dev/kvm is not available on this machine: exitscope run needs it =="
 echo "== falling back to the report of a dump shipped in the repo: $SHIPPED =="
-echo "== (written by examples/c_example through the C API: simulated exit handlers, no guest) =="
+echo "== (written by examples/c_example through the C API: simulated exit handlers, no guest; its stuck doorbell with the stack the watchdog captured) =="
 echo
 exec "$EXITSCOPE" inspect "$SHIPPED"

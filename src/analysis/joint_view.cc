@@ -146,6 +146,8 @@ std::string_view ToString(JointMapping m) noexcept {
       return "thread-by-time";
     case JointMapping::kVcpuIndex:
       return "vcpu-index";
+    case JointMapping::kThreadId:
+      return "thread-id";
   }
   return "?";
 }
@@ -238,9 +240,24 @@ Result<JointView> JointBuilder::Finish(const std::string& trace_clock) {
                             static_cast<double>(k_lo) / 1e9, static_cast<double>(k_hi) / 1e9));
   }
 
-  // Which thread runs which vCPU: the vote of the VMM exits that one thread alone contains.
+  // Which thread runs which vCPU: the dump's thread id where the trace has that thread's
+  // exits; for the others, the vote of the VMM exits that one thread alone contains.
+  std::map<uint32_t, uint32_t> tid_of_vcpu;
+  std::set<uint32_t> taken;
+  for (const auto& [vcpu, tid] : known_tids_) {
+    auto t = threads.find(tid);
+    if (tid == 0 || t == threads.end() || t->second.empty() || taken.count(tid) ||
+        !vcpus_.count(vcpu)) {
+      continue;
+    }
+    tid_of_vcpu[vcpu] = tid;
+    taken.insert(tid);
+    view.threads.push_back({vcpu, tid, t->second.front().e->vcpu, 0});
+  }
+  if (!tid_of_vcpu.empty()) view.mapping = JointMapping::kThreadId;
   std::map<uint32_t, std::map<uint32_t, uint64_t>> votes;
   for (const auto& [vcpu, v] : vcpus_) {
+    if (tid_of_vcpu.count(vcpu)) continue;
     for (const ExitEvent& d : v.exits) {
       uint32_t only = 0;
       int n = 0;
@@ -260,8 +277,6 @@ Result<JointView> JointBuilder::Finish(const std::string& trace_clock) {
   std::sort(ballots.begin(), ballots.end(), [](const auto& a, const auto& b) {
     return std::get<0>(a) != std::get<0>(b) ? std::get<0>(a) > std::get<0>(b) : a < b;
   });
-  std::map<uint32_t, uint32_t> tid_of_vcpu;
-  std::set<uint32_t> taken;
   for (const auto& [n, vcpu, tid] : ballots) {
     if (tid_of_vcpu.count(vcpu) || taken.count(tid)) continue;
     tid_of_vcpu[vcpu] = tid;
@@ -416,6 +431,9 @@ Result<JointView> BuildJointView(const Dump& dump, const std::vector<ExitEvent>&
                                  const std::string& trace_clock, const JointOptions& opts,
                                  const std::vector<SchedSwitch>* sched) {
   JointBuilder b(dump.clock, opts);
+  for (const DumpVcpu& v : dump.vcpus) {
+    if (v.tid > 0) b.SetThreadId(v.vcpu, static_cast<uint32_t>(v.tid));
+  }
   sources::DumpSource(dump).Emit(b.vmm());
   for (const ExitEvent& e : kernel) b.kernel()->OnExit(e);
   if (sched != nullptr) {
@@ -441,6 +459,9 @@ Result<JointView> BuildJointView(sources::Source& vmm, sources::Source& kernel,
                 fmt::format("{}: the joint view needs a recorder dump and a kernel trace", names));
   }
   JointBuilder b(dump->clock, opts);
+  for (const DumpVcpu& v : dump->vcpus) {
+    if (v.tid > 0) b.SetThreadId(v.vcpu, static_cast<uint32_t>(v.tid));
+  }
   kernel.ObserveRecords(
       [](const sources::KvmRecord& r, void* ctx) {
         if (r.type != sources::KvmEventType::kSchedSwitch) return;

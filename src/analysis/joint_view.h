@@ -60,6 +60,7 @@ struct JointOptions {
 enum class JointMapping : uint8_t {
   kThreadByTime,  // each vCPU -> the thread whose exits contain most of its exits
   kVcpuIndex,     // no vote possible: dump vCPU index == the kernel event's vcpu index
+  kThreadId,      // the dump's thread ids (version 4 on), each found in the trace
 };
 std::string_view ToString(JointMapping m) noexcept;
 
@@ -182,6 +183,9 @@ class JointBuilder {
   // The kernel side: the userspace exits of a pairer (accesses handled in the kernel, exits
   // that never reached the VMM and exits with no traced end are ignored).
   EventSink* kernel() noexcept { return &kernel_; }
+  // The VMM's thread of `vcpu` (the dump's DumpVcpu::tid). A vCPU whose thread has userspace
+  // exits in the trace is matched on it; the others by time (JointMapping).
+  void SetThreadId(uint32_t vcpu, uint32_t tid) { known_tids_[vcpu] = tid; }
   // One sched:sched_switch of the trace (any order; Finish sorts them by time).
   void OnSchedSwitch(const SchedSwitch& s) { sched_.push_back(s); }
 
@@ -210,6 +214,7 @@ class JointBuilder {
 
   ClockCalibration clock_;
   JointOptions opts_;
+  std::map<uint32_t, uint32_t> known_tids_;  // vCPU -> tid (SetThreadId)
   SideSink vmm_{this, &JointBuilder::AddVmm};
   SideSink kernel_{this, &JointBuilder::AddKernel};
   std::map<uint32_t, VmmVcpu> vcpus_;  // by vCPU index

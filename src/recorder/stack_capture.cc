@@ -58,13 +58,16 @@ void OnStackSignal(int /*signo*/, siginfo_t* /*info*/, void* ucontext) {
   const int saved_errno = errno;
   const uint64_t t0 = MonotonicNs();
   CaptureBuffer* b = g_pending.load(std::memory_order_acquire);
-  if (b != nullptr && b->tid == static_cast<int32_t>(syscall(SYS_gettid))) {
+  if (b != nullptr &&
+      b->tid.load(std::memory_order_relaxed) == static_cast<int32_t>(syscall(SYS_gettid))) {
     uint32_t expect = CaptureBuffer::kPending;
     if (b->state.compare_exchange_strong(expect, CaptureBuffer::kRunning,
                                          std::memory_order_acq_rel)) {
       // This thread is the vCPU: nothing changes its exit while the handler runs.
-      const bool same = b->slot->exit_no.load(std::memory_order_relaxed) == b->expected_exit &&
-                        b->slot->cur[0].load(std::memory_order_relaxed) != 0;
+      const VcpuSlot* slot = b->slot.load(std::memory_order_relaxed);
+      const bool same = slot->exit_no.load(std::memory_order_relaxed) ==
+                            b->expected_exit.load(std::memory_order_relaxed) &&
+                        slot->cur[0].load(std::memory_order_relaxed) != 0;
       if (same) Unwind(b, ucontext);
       b->handler_ns = MonotonicNs() - t0;
       b->state.store(same ? CaptureBuffer::kDone : CaptureBuffer::kGone, std::memory_order_release);
@@ -237,9 +240,9 @@ StackCounters StackSampler::counters() const noexcept {
 
 bool StackSampler::SignalUser(CaptureBuffer* b, int32_t tid, const VcpuSlot& slot, uint64_t exit_no,
                               ThreadStack* out) {
-  b->tid = tid;
-  b->slot = &slot;
-  b->expected_exit = exit_no;
+  b->tid.store(tid, std::memory_order_relaxed);
+  b->slot.store(&slot, std::memory_order_relaxed);
+  b->expected_exit.store(exit_no, std::memory_order_relaxed);
   b->n = 0;
   b->dropped = 0;
   b->state.store(CaptureBuffer::kPending, std::memory_order_release);

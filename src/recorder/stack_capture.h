@@ -50,9 +50,11 @@ std::optional<uint64_t> ParseSyscallPc(std::string_view text);
 struct CaptureBuffer {
   enum : uint32_t { kIdle, kPending, kRunning, kDone, kGone, kWithdrawn };
   std::atomic<uint32_t> state{kIdle};
-  int32_t tid = 0;
-  const VcpuSlot* slot = nullptr;
-  uint64_t expected_exit = 0;
+  // Written by the watchdog before it publishes the request; atomic because a late handler of
+  // an earlier, withdrawn request may read them meanwhile (it then finds no pending state).
+  std::atomic<int32_t> tid{0};
+  std::atomic<const VcpuSlot*> slot{nullptr};
+  std::atomic<uint64_t> expected_exit{0};
   uint32_t cap = 0;
   uint32_t n = 0;
   uint32_t dropped = 0;

@@ -88,7 +88,10 @@ StackFrame Symbolizer::Lookup(uint64_t ip, bool exact) {
   GElf_Sym sym;
   const char* name = dwfl_module_addrinfo(m, addr, &off, &sym, nullptr, nullptr, nullptr);
   if (name != nullptr) {
-    f.function = Demangle(name);
+    // "clock_nanosleep@GLIBC_2.2.5", "__libc_start_main@@GLIBC_2.34": the symbol version is
+    // not part of the function's name.
+    const char* at = std::strchr(name, '@');
+    f.function = Demangle(at == nullptr ? name : std::string(name, at).c_str());
     f.offset = off + (addr == ip ? 0 : 1);
   }
   if (Dwfl_Line* line = dwfl_module_getsrc(m, addr); line != nullptr) {

@@ -46,7 +46,12 @@ std::string MappingLine(const JointView& v) {
   for (const analysis::JointVcpuThread& t : v.threads) {
     s += fmt::format("{}vcpu {} = tid {}", s.empty() ? "" : ", ", t.vcpu, t.tid);
   }
-  if (v.mapping == analysis::JointMapping::kThreadByTime) {
+  if (v.mapping == analysis::JointMapping::kThreadId) {
+    s += " (the dump's thread ids";
+    const bool all_known =
+        std::all_of(v.threads.begin(), v.threads.end(), [](const auto& t) { return t.votes == 0; });
+    s += all_known ? ")" : "; vCPUs with a vote count: by time)";
+  } else if (v.mapping == analysis::JointMapping::kThreadByTime) {
     s += " (the dump has no thread ids: each vCPU is the thread whose kernel exits contain its "
          "exits)";
   } else {

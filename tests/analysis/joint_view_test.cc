@@ -76,6 +76,50 @@ TEST(JointViewBlk, MatchesAndSplitsEveryExitOfTheRealCapture) {
       static_cast<long long>(v->offset.median_ns), static_cast<long long>(v->offset.max_ns));
 }
 
+// A dump of version 4 names each vCPU's thread (DumpVcpu::tid): the view takes it as it is,
+// where the trace has that thread's exits, instead of voting by time. joint-blk's dump is
+// version 1, so the ids are given here: the ones the vote found, then wrong ones.
+TEST(JointViewBlk, TheDumpsThreadIdsTieEachVcpuToItsThread) {
+  const std::string dump_path = KvmHost("joint-blk.esdump");
+  auto dump = ReadDump(dump_path);
+  ASSERT_TRUE(dump.has_value()) << dump.error().message;
+  auto by_time = BuildJointViewFromTrace(*dump, dump_path, KvmHost("joint-blk.dat"));
+  ASSERT_TRUE(by_time.has_value()) << by_time.error().message;
+  ASSERT_EQ(by_time->threads.size(), 2u);
+  const uint32_t tid0 = by_time->threads[0].tid, tid1 = by_time->threads[1].tid;
+
+  Dump with_ids = *dump;
+  with_ids.vcpus[0].tid = static_cast<int32_t>(tid0);
+  with_ids.vcpus[1].tid = static_cast<int32_t>(tid1);
+  auto by_id = BuildJointViewFromTrace(with_ids, dump_path, KvmHost("joint-blk.dat"));
+  ASSERT_TRUE(by_id.has_value()) << by_id.error().message;
+  EXPECT_EQ(by_id->mapping, JointMapping::kThreadId);
+  ASSERT_EQ(by_id->threads.size(), 2u);
+  EXPECT_EQ(by_id->threads[0].tid, tid0);
+  EXPECT_EQ(by_id->threads[1].tid, tid1);
+  EXPECT_EQ(by_id->threads[0].votes, 0u);  // not voted: given
+  EXPECT_EQ(by_id->matched.size(), by_time->matched.size());
+
+  // A thread the trace does not have: that vCPU is voted for, the other keeps its id.
+  with_ids.vcpus[0].tid = 999999;
+  auto mixed = BuildJointViewFromTrace(with_ids, dump_path, KvmHost("joint-blk.dat"));
+  ASSERT_TRUE(mixed.has_value()) << mixed.error().message;
+  EXPECT_EQ(mixed->mapping, JointMapping::kThreadId);
+  EXPECT_EQ(mixed->threads[0].tid, tid0);
+  EXPECT_GT(mixed->threads[0].votes, 0u);
+  EXPECT_EQ(mixed->matched.size(), by_time->matched.size());
+
+  // Ids swapped: taken as given (not voted over), so few exits nest and the view is refused
+  // with what it found.
+  with_ids.vcpus[0].tid = static_cast<int32_t>(tid1);
+  with_ids.vcpus[1].tid = static_cast<int32_t>(tid0);
+  auto swapped = BuildJointViewFromTrace(with_ids, dump_path, KvmHost("joint-blk.dat"));
+  ASSERT_FALSE(swapped.has_value());
+  EXPECT_NE(swapped.error().message.find("lie inside a kernel exit of their vCPU thread"),
+            std::string::npos)
+      << swapped.error().message;
+}
+
 // joint-sched: a real run recorded with sched:sched_switch on a loaded host. Every matched
 // exit's four parts sum to the kernel's duration, the thread was switched out inside some
 // exits, and the off-CPU time never exceeds an exit.

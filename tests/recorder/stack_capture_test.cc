@@ -30,6 +30,21 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// ThreadSanitizer defers an asynchronous signal to its own safe points (a blocked read() or a
+// spin never reaches one), so under TSan the handler does not run in time: the capture then
+// takes the timeout path (withdrawn, counted, said), which is what the TSan suite checks.
+#if defined(__SANITIZE_THREAD__)
+constexpr bool kInThreadUnwind = false;
+#else
+constexpr bool kInThreadUnwind = true;
+#endif
+
+// Without the unwind, the capture must say why and count the timeout.
+void ExpectTimedOut(const ThreadStack& s, const Recorder& rec) {
+  EXPECT_NE(s.note.find("did not run the stack signal"), std::string::npos) << s.note;
+  EXPECT_GE(rec.stack_counters().signal_timeouts, 1u);
+}
+
 // The functions a stuck thread is in: not inlined, so they are frames of their own.
 [[gnu::noinline]] ssize_t BlockedInRead(int fd) {
   char c = 0;
@@ -156,10 +171,14 @@ TEST(StackCapture, ThreadBlockedInReadShowsTheReadAndItsCaller) {
   EXPECT_EQ(s.tid, rec->thread_id(0));
   EXPECT_EQ(s.capture, 1u);
   EXPECT_EQ(s.state, 'S') << Dump(s);
-  EXPECT_TRUE(HasFunction(s.user, "BlockedInRead")) << Dump(s);
-  EXPECT_TRUE(HasFunction(s.user, "read")) << Dump(s);
-  // The caller chain goes on past the test function (the thread's lambda, then libstdc++).
-  EXPECT_GE(s.user.size(), 3u) << Dump(s);
+  if (kInThreadUnwind) {
+    EXPECT_TRUE(HasFunction(s.user, "BlockedInRead")) << Dump(s);
+    EXPECT_TRUE(HasFunction(s.user, "read")) << Dump(s);
+    // The caller chain goes on past the test function (the thread's lambda, then libstdc++).
+    EXPECT_GE(s.user.size(), 3u) << Dump(s);
+  } else {
+    ExpectTimedOut(s, *rec);
+  }
   if (KernelStackReadable()) {
     EXPECT_TRUE(HasFunction(s.kernel, "pipe_read")) << Dump(s);
   } else {
@@ -170,7 +189,8 @@ TEST(StackCapture, ThreadBlockedInReadShowsTheReadAndItsCaller) {
   bool header = false, frame = false;
   for (const std::string& l : c.log) {
     header = header || l.starts_with("    thread " + std::to_string(s.tid) + " state S");
-    frame = frame || (l.starts_with("      u ") && l.find("BlockedInRead") != std::string::npos);
+    frame = frame || (l.starts_with("      u ") && l.find("BlockedInRead") != std::string::npos) ||
+            (l.starts_with("      k ") && !kInThreadUnwind);
   }
   EXPECT_TRUE(header && frame);
   EXPECT_EQ(rec->stack_counters().captures, 1u);
@@ -191,10 +211,14 @@ TEST(StackCapture, ThreadWaitingForALockAnotherThreadHolds) {
   device_lock.unlock();
   vcpu.join();
   const ThreadStack s = c.Of(FindingType::kStuckExitBegin).at(0).stack;
-  EXPECT_TRUE(HasFunction(s.user, "WaitForDeviceLock")) << Dump(s);
-  EXPECT_TRUE(HasFunction(s.user, "pthread_mutex_lock") || HasFunction(s.user, "lll_lock") ||
-              HasFunction(s.user, "futex"))
-      << Dump(s);
+  if (kInThreadUnwind) {
+    EXPECT_TRUE(HasFunction(s.user, "WaitForDeviceLock")) << Dump(s);
+    EXPECT_TRUE(HasFunction(s.user, "pthread_mutex_lock") || HasFunction(s.user, "lll_lock") ||
+                HasFunction(s.user, "futex"))
+        << Dump(s);
+  } else {
+    ExpectTimedOut(s, *rec);
+  }
   if (KernelStackReadable()) {
     EXPECT_TRUE(HasFunction(s.kernel, "futex")) << Dump(s);
   }
@@ -214,10 +238,14 @@ TEST(StackCapture, SpinningThreadIsCapturedWhereItSpins) {
   stop = true;
   vcpu.join();
   const ThreadStack s = c.Of(FindingType::kStuckExitBegin).at(0).stack;
-  ASSERT_FALSE(s.user.empty()) << Dump(s);
-  // The interrupted instruction is inside the spin loop itself.
-  EXPECT_NE(s.user[0].function.find("SpinUntil"), std::string::npos) << Dump(s);
   EXPECT_TRUE(s.state == 'R' || s.state == 'S') << Dump(s);  // R, or just preempted
+  if (!kInThreadUnwind) return ExpectTimedOut(s, *rec);
+  ASSERT_GE(s.user.size(), 2u) << Dump(s);
+  // The interrupted instruction is inside the spin loop itself (or, unoptimized, in the
+  // atomic load it calls).
+  EXPECT_TRUE(s.user[0].function.find("SpinUntil") != std::string::npos ||
+              s.user[1].function.find("SpinUntil") != std::string::npos)
+      << Dump(s);
 }
 
 TEST(StackCapture, RepeatedCapturesWhileStillStuck) {
@@ -245,12 +273,18 @@ TEST(StackCapture, RepeatedCapturesWhileStillStuck) {
   EXPECT_GE(more[1].duration_ns, 16 * 40'000'000ull);
   EXPECT_NE(more[1].text.find("still stuck in"), std::string::npos) << more[1].text;
   EXPECT_NE(more[1].text.find("(stack capture 3 of 3)"), std::string::npos) << more[1].text;
-  EXPECT_TRUE(HasFunction(more[1].stack.user, "BlockedInRead")) << Dump(more[1].stack);
+  if (kInThreadUnwind) {
+    EXPECT_TRUE(HasFunction(more[1].stack.user, "BlockedInRead")) << Dump(more[1].stack);
+  }
   EXPECT_EQ(rec->stack_counters().captures, 3u);
   ASSERT_TRUE(c.WaitFor(FindingType::kStuckExitEnd, 1, 20s));
 }
 
 TEST(StackCapture, UninterruptibleSleepGivesStateAndKernelStackWithoutSignalling) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "TSan: a clone(CLONE_VM) child runs instrumented code in the parent's memory, "
+                  "which corrupts TSan's thread bookkeeping (the test runs in every other build)";
+#endif
   Collected c;
   auto rec = Make(&c);
   ASSERT_NE(rec, nullptr);
@@ -341,6 +375,7 @@ TEST(StackCapture, FramesBeyondTheLimitAreCounted) {
   stop = true;
   vcpu.join();
   const ThreadStack s = c.Of(FindingType::kStuckExitBegin).at(0).stack;
+  if (!kInThreadUnwind) return ExpectTimedOut(s, rec);
   EXPECT_EQ(s.user.size(), 2u) << Dump(s);
   EXPECT_GE(s.user_dropped, 1u);
   EXPECT_EQ(rec.stack_counters().frames_dropped, s.user_dropped);

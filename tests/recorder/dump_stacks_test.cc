@@ -14,38 +14,19 @@
 #include <vector>
 
 #include "exitscope/dump.h"
+#include "support/dump_bytes.h"
 #include "support/stack_dump.h"
 
 namespace exitscope {
 namespace {
 
 namespace fs = std::filesystem;
+using test::Crc32;
 using test::DumpWithStacks;
-
-uint32_t Crc32(std::string_view d) {
-  uint32_t c = 0xffffffffu;
-  for (unsigned char b : d) {
-    c ^= b;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xedb88320u ^ (c >> 1) : c >> 1;
-  }
-  return c ^ 0xffffffffu;
-}
-uint32_t Le32(std::string_view s, size_t at) {
-  uint32_t v;
-  std::memcpy(&v, s.data() + at, 4);
-  return v;
-}
-uint64_t Le64(std::string_view s, size_t at) {
-  uint64_t v;
-  std::memcpy(&v, s.data() + at, 8);
-  return v;
-}
-void Put32(std::string& s, size_t at, uint32_t v) {
-  std::memcpy(s.data() + at, &v, 4);
-}
-void Put64(std::string& s, size_t at, uint64_t v) {
-  std::memcpy(s.data() + at, &v, 8);
-}
+using test::Le32;
+using test::Le64;
+using test::Put32;
+using test::Put64;
 
 // The sections of a dump file by id, in table order.
 std::vector<std::pair<uint32_t, std::string>> Sections(const std::string& b) {

@@ -476,8 +476,8 @@ TEST_F(NvmeTest, InjectedLockHoldBlocksTheDoorbellOnTheDeviceLock) {
   Make({}, 4, 2, LockFault{.hold_ms = 300, .every = 3});
   Enable();
   CreateIoQueues();
-  Sqe(io, 0x02, 1, kBuf, 0, 0, 7);  // I/O commands 1 and 2: no hold
-  Sqe(io, 0x02, 1, kBuf, 8, 0, 7);
+  Sqe(io, 0x02, 1, kBuf, 0, 0, 7);         // I/O commands 1 and 2: no hold
+  Sqe(io, 0x02, 1, kBuf + 4096, 8, 0, 7);  // its own buffer: both may run at once
   const auto fast0 = steady_clock::now();
   W(kDoorbells + 8, io.tail);
   EXPECT_LT(steady_clock::now() - fast0, milliseconds(300));

@@ -16,12 +16,17 @@ deps:
 	@scripts/install-deps.sh
 
 configure: deps
-	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CI_CMAKE_FLAGS) $(CMAKE_FLAGS) >/dev/null
+	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEXITSCOPE_BUILD_TESTS=ON -DEXITSCOPE_BUILD_BENCH=ON $(CI_CMAKE_FLAGS) $(CMAKE_FLAGS) >/dev/null
 
 build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
-demo: build
+# The demo installs and builds only what it runs: the tool (no test, no benchmark). A later
+# `make test` in the same build tree turns them back on.
+demo:
+	@scripts/install-deps.sh --demo
+	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEXITSCOPE_BUILD_TESTS=OFF -DEXITSCOPE_BUILD_BENCH=OFF $(CI_CMAKE_FLAGS) $(CMAKE_FLAGS) >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS) --target exitscope
 	@scripts/demo.sh $(BUILD)
 
 # Then the skip check: on a KVM host, did the kvm, tracefs and bpf tests run? (docs/development.md)

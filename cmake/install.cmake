@@ -14,8 +14,14 @@ install(TARGETS exitscope_c EXPORT exitscopeTargets
 install(TARGETS exitscope_static EXPORT exitscopeStaticTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-install(DIRECTORY ${CMAKE_SOURCE_DIR}/include/exitscope
-  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT dev FILES_MATCHING PATTERN "*.h")
+if(EXITSCOPE_PROMETHEUS)
+  install(DIRECTORY ${CMAKE_SOURCE_DIR}/include/exitscope
+    DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT dev FILES_MATCHING PATTERN "*.h")
+else()  # no Prometheus endpoint: no exitscope/metrics.h
+  install(DIRECTORY ${CMAKE_SOURCE_DIR}/include/exitscope
+    DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT dev FILES_MATCHING PATTERN "*.h"
+    PATTERN "metrics.h" EXCLUDE)
+endif()
 
 install(EXPORT exitscopeTargets NAMESPACE exitscope:: DESTINATION ${EXITSCOPE_CMAKE_DIR}
   COMPONENT dev)
@@ -44,10 +50,18 @@ foreach(kind LIBDIR INCLUDEDIR)
     set(EXITSCOPE_PC_${kind} "\${prefix}/${CMAKE_INSTALL_${kind}}")
   endif()
 endforeach()
+# What a static link adds (Libs.private).
+set(EXITSCOPE_PC_PRIVATE "-lunwind -ldw -liberty -lstdc++ -lm -pthread")
+if(EXITSCOPE_PROMETHEUS)
+  set(EXITSCOPE_PC_PRIVATE
+    "-lprometheus-cpp-pull -lprometheus-cpp-core -lcivetweb-cpp -lcivetweb ${EXITSCOPE_PC_PRIVATE}")
+endif()
 configure_file(${CMAKE_SOURCE_DIR}/cmake/exitscope.pc.in ${CMAKE_BINARY_DIR}/exitscope.pc @ONLY)
 install(FILES ${CMAKE_BINARY_DIR}/exitscope.pc DESTINATION ${EXITSCOPE_PC_DIR} COMPONENT dev)
 
 # The tool and the docs. The binary links the static layers (nothing of libexitscope.so).
-install(TARGETS exitscope RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT tool)
+if(EXITSCOPE_BUILD_TOOLS)
+  install(TARGETS exitscope RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT tool)
+endif()
 install(DIRECTORY ${CMAKE_SOURCE_DIR}/docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT tool)
 install(FILES ${CMAKE_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT tool)

@@ -3,14 +3,24 @@
 # Safe to run repeatedly; does nothing (and needs no network) when everything is present.
 set -euo pipefail
 
-PACKAGES=(
-  g++ cmake ninja-build pkg-config make python3
-  libgtest-dev libgmock-dev libbenchmark-dev
+#
+#   scripts/install-deps.sh          everything `make test` and `make bench` need
+#   scripts/install-deps.sh --demo   only what `make demo` needs: the library and the tool
+#                                    (no test or benchmark framework, no QEMU, Chromium,
+#                                    Prometheus server, trace-cmd, perf or BPF toolchain)
+# The library alone needs libunwind-dev, libdw-dev, libiberty-dev (+ prometheus-cpp-dev for its
+# endpoint): docs/install.md, "What each option adds".
+DEMO_PACKAGES=(
+  g++ cmake ninja-build pkg-config make
+  libunwind-dev libdw-dev libiberty-dev
+  prometheus-cpp-dev
   libfmt-dev libcli11-dev nlohmann-json3-dev
   libtracefs-dev libtraceevent-dev libtracecmd-dev liburing-dev libzstd-dev zlib1g-dev
+)
+PACKAGES=(
+  "${DEMO_PACKAGES[@]}" python3
+  libgtest-dev libgmock-dev libbenchmark-dev
   trace-cmd linux-perf
-  prometheus-cpp-dev
-  libunwind-dev libdw-dev libiberty-dev
   clang libbpf-dev bpftool
 )
 # Each wanted by one test only, which skips with a printed reason when its package could not be
@@ -21,6 +31,13 @@ OPTIONAL_PACKAGES=(prometheus qemu-system-x86)
 # chromium for its browser test; without them --format html says why and its tests skip.
 command -v npm >/dev/null 2>&1 || OPTIONAL_PACKAGES+=(nodejs npm)
 OPTIONAL_PACKAGES+=(chromium)
+if [ "${1:-}" = "--demo" ]; then
+  PACKAGES=("${DEMO_PACKAGES[@]}")
+  OPTIONAL_PACKAGES=()
+elif [ $# -gt 0 ]; then
+  echo "usage: scripts/install-deps.sh [--demo]" >&2
+  exit 2
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

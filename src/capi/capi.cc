@@ -13,16 +13,22 @@
 #include <type_traits>
 #include <vector>
 
+#if EXITSCOPE_HAVE_PROMETHEUS
 #include "exitscope/metrics.h"
+#endif
 #include "exitscope/recorder.h"
 
 struct es_recorder {
   std::unique_ptr<exitscope::Recorder> rec;
 };
 
+#if EXITSCOPE_HAVE_PROMETHEUS
 struct es_metrics {
   std::unique_ptr<exitscope::MetricsExporter> exporter;
 };
+#else
+struct es_metrics {};
+#endif
 
 namespace {
 
@@ -562,6 +568,12 @@ es_status es_serve_metrics(const es_recorder* rec, const char* listen, es_metric
   if (rec == nullptr || out == nullptr)
     return SetError(ES_EINVAL, "es_serve_metrics: NULL argument");
   *out = nullptr;
+#if !EXITSCOPE_HAVE_PROMETHEUS
+  (void)listen;
+  return SetError(ES_EUNAVAILABLE,
+                  "es_serve_metrics: this libexitscope was built without the Prometheus endpoint "
+                  "(EXITSCOPE_PROMETHEUS=OFF)");
+#else
   return Guard([&]() -> es_status {
     exitscope::MetricsOptions o;
     if (listen != nullptr) o.listen = listen;
@@ -572,10 +584,16 @@ es_status es_serve_metrics(const es_recorder* rec, const char* listen, es_metric
     *out = handle.release();
     return ES_OK;
   });
+#endif
 }
 
 uint16_t es_metrics_port(const es_metrics* metrics) {
+#if EXITSCOPE_HAVE_PROMETHEUS
   return metrics == nullptr ? 0 : metrics->exporter->port();
+#else
+  (void)metrics;
+  return 0;
+#endif
 }
 
 void es_metrics_stop(es_metrics* metrics) {

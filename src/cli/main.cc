@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "exitscope/version.h"
 
 namespace {
 
@@ -61,7 +62,7 @@ int Main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   if (!std::strcmp(argv[1], "--version") || !std::strcmp(argv[1], "version")) {
-    std::printf("exitscope %s\n", EXITSCOPE_VERSION);
+    std::printf("exitscope %s\n", ES_VERSION_STRING);  // the headers' version (version.h)
     return 0;
   }
   if (!std::strcmp(argv[1], "help")) {

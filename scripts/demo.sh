@@ -7,8 +7,13 @@ BUILD=${1:-build}
 EXITSCOPE="$BUILD/exitscope"
 DUMP=${DEMO_DUMP:-exitscope-demo.esdump}
 
-# Open it to know: on some hosts the node exists but opening it fails (ENODEV).
-kvm_works() { { exec 3<>/dev/kvm; } 2>/dev/null || return 1; exec 3>&-; }
+# Open it to know: on some hosts the node exists but opening it fails (ENODEV). A character
+# device first: `<>` would create a regular file named /dev/kvm where there is none.
+kvm_works() {
+  [ -c /dev/kvm ] || return 1
+  { exec 3<>/dev/kvm; } 2>/dev/null || return 1
+  exec 3>&-
+}
 
 if kvm_works; then
   echo "== exitscope run --guest blk (backend delay of 300 ms on every 64th nvme0 I/O) =="

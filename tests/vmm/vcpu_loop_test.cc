@@ -124,6 +124,10 @@ class VcpuLoopTest : public ::testing::Test {
     Dump d = recorder->Snapshot();
     return d.vcpus.at(vcpu).exits;
   }
+  // The recorder first: its watchdog may still be logging (a stack capture of a stall that
+  // just ended is symbolized late) into recorder_log, which is declared after it and so would
+  // be destroyed before it.
+  void TearDown() override { recorder.reset(); }
   std::string Reg(const DumpExit& e) { return recorder->Snapshot().RegisterName(e); }
 
   GuestMemory mem;

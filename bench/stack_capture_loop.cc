@@ -8,8 +8,7 @@
 
 void STACK_LOOP_NAME(exitscope::Recorder& r, const uint64_t* addrs, size_t n) {
   for (size_t i = 0; i < n; ++i) {
-    r.BeginExit(0, exitscope::ExitKind::kMmio, addrs[i & 4095], 4, exitscope::AccessDir::kWrite,
-                i);
+    r.BeginExit(0, exitscope::ExitKind::kMmio, addrs[i & 4095], 4, exitscope::AccessDir::kWrite, i);
     r.EndExit(0);
   }
 }

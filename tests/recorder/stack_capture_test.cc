@@ -173,6 +173,21 @@ FindingRecord StuckInRead(Recorder* rec, Collected* c) {
   return stuck ? c->Of(FindingType::kStuckExitBegin).at(0) : FindingRecord{};
 }
 
+// The same with a thread that spins in the exit (an HLT) instead of blocking.
+FindingRecord StuckSpinning(Recorder* rec, Collected* c) {
+  std::atomic<bool> stop{false};
+  std::thread vcpu([&] {
+    rec->BeginExit(0, ExitKind::kHlt);
+    SpinUntil(&stop);
+    rec->EndExit(0);
+  });
+  const bool stuck = c->WaitFor(FindingType::kStuckExitBegin, 1, 20s);
+  stop = true;
+  vcpu.join();
+  EXPECT_TRUE(stuck);
+  return stuck ? c->Of(FindingType::kStuckExitBegin).at(0) : FindingRecord{};
+}
+
 TEST(StackCapture, ThreadBlockedInReadShowsTheReadAndItsCaller) {
   Collected c;
   auto rec = Make(&c);
@@ -239,16 +254,7 @@ TEST(StackCapture, SpinningThreadIsCapturedWhereItSpins) {
   Collected c;
   auto rec = Make(&c);
   ASSERT_NE(rec, nullptr);
-  std::atomic<bool> stop{false};
-  std::thread vcpu([&] {
-    rec->BeginExit(0, ExitKind::kHlt);
-    SpinUntil(&stop);
-    rec->EndExit(0);
-  });
-  ASSERT_TRUE(c.WaitFor(FindingType::kStuckExitBegin, 1, 20s));
-  stop = true;
-  vcpu.join();
-  const ThreadStack s = c.Of(FindingType::kStuckExitBegin).at(0).stack;
+  const ThreadStack s = StuckSpinning(rec.get(), &c).stack;
   EXPECT_TRUE(s.state == 'R' || s.state == 'S') << Dump(s);  // R, or just preempted
   if (!kInThreadUnwind) return ExpectTimedOut(s, *rec);
   ASSERT_GE(s.user.size(), 2u) << Dump(s);
@@ -333,16 +339,7 @@ TEST(StackCapture, SwitchedOffCapturesNothingAndCounts) {
   auto rec = Make(&c);
   ASSERT_NE(rec, nullptr);
   rec->SetStackCapture(false);
-  std::atomic<bool> stop{false};
-  std::thread vcpu([&] {
-    rec->BeginExit(0, ExitKind::kHlt);
-    SpinUntil(&stop);
-    rec->EndExit(0);
-  });
-  ASSERT_TRUE(c.WaitFor(FindingType::kStuckExitBegin, 1, 20s));
-  stop = true;
-  vcpu.join();
-  EXPECT_TRUE(c.Of(FindingType::kStuckExitBegin).at(0).stack.empty());
+  EXPECT_TRUE(StuckSpinning(rec.get(), &c).stack.empty());
   EXPECT_EQ(rec->stack_counters().captures, 0u);
   EXPECT_EQ(rec->stack_counters().captures_skipped, 1u);
 }
@@ -352,16 +349,7 @@ TEST(StackCapture, FramesBeyondTheLimitAreCounted) {
   auto made = Make(&c, 1, true, /*max_frames=*/2);
   ASSERT_NE(made, nullptr);
   Recorder& rec = *made;
-  std::atomic<bool> stop{false};
-  std::thread vcpu([&] {
-    rec.BeginExit(0, ExitKind::kHlt);
-    SpinUntil(&stop);
-    rec.EndExit(0);
-  });
-  ASSERT_TRUE(c.WaitFor(FindingType::kStuckExitBegin, 1, 20s));
-  stop = true;
-  vcpu.join();
-  const ThreadStack s = c.Of(FindingType::kStuckExitBegin).at(0).stack;
+  const ThreadStack s = StuckSpinning(&rec, &c).stack;
   if (!kInThreadUnwind) return ExpectTimedOut(s, rec);
   EXPECT_EQ(s.user.size(), 2u) << Dump(s);
   EXPECT_GE(s.user_dropped, 1u);

@@ -148,11 +148,10 @@ TEST(WatchdogTest, ReportsStuckExitWhileStuckOnceAndAgainAtTheEnd) {
   ASSERT_EQ(d.vcpus[1].exits.size(), 2u);
   EXPECT_NE(d.vcpus[1].exits[0].flags & kExitFlagStalled, 0);
   EXPECT_EQ(d.vcpus[1].exits[1].flags & kExitFlagStalled, 0);
-  EXPECT_EQ(std::count_if(d.findings.begin(), d.findings.end(),
-                          [](const FindingRecord& x) {
-                            return x.type != FindingType::kStuckExitStack;
-                          }),
-            2);
+  EXPECT_EQ(
+      std::count_if(d.findings.begin(), d.findings.end(),
+                    [](const FindingRecord& x) { return x.type != FindingType::kStuckExitStack; }),
+      2);
 }
 
 TEST(WatchdogTest, ReportsAgedIoOnce) {

@@ -19,7 +19,8 @@
 //   r.EndExit(vcpu, value_read);   // or EndExit(vcpu) to keep the begin value
 //
 // Hot path (BeginExit / EndExit / ExitScope): inline, noexcept, no lock, no allocation, no
-// syscall with the TSC clock. It bails out first on a bad vCPU index (counted). One thread per
+// syscall with the TSC clock (but one gettid, out of line, on a vCPU's first exit when no
+// SetThreadId came before). It bails out first on a bad vCPU index (counted). One thread per
 // vCPU index at a time (the vCPU thread) may call them. Everything else is thread-safe.
 //
 // Slow exits: when EndExit finds duration >= SlowExitPolicy::threshold_ns it leaves the hot

@@ -21,9 +21,10 @@ if kvm_works; then
     --inject backend-delay:nvme0:300:64 --dump "$DUMP"
 fi
 
-SHIPPED=testdata/dumps/v4-c-example-stacks.esdump
+SHIPPED=testdata/kvm-host/blk-backend-delay.esdump
 echo "== /dev/kvm is not available on this machine: exitscope run needs it =="
 echo "== falling back to the report of a dump shipped in the repo: $SHIPPED =="
-echo "== (written by examples/c_example through the C API: simulated exit handlers, no guest; its stuck doorbell with the stack the watchdog captured) =="
+echo "== (the same demo run on a KVM host: exitscope run --guest blk --inject backend-delay:nvme0:300:64;"
+echo "==  made before stack captures existed: exitscope inspect testdata/dumps/v4-c-example-stacks.esdump shows one) =="
 echo
 exec "$EXITSCOPE" inspect "$SHIPPED"

@@ -169,6 +169,7 @@ BpfKvmRows BuildBpfKvmRows(const BpfKvmSnapshot& snap, const BpfKvmRowOptions& o
     const ExitEvent e = d.EventOf(s.key, vcpu_of(s.key));
     count_exit(e, s.stats.timed, s.stats.untimed);
     sink.OnSamples(e, s.batch());
+    if (options.also != nullptr) options.also->OnSamples(e, s.batch());
   }
 
   // What the threads hold, placed as KvmPairer::Finish() would.

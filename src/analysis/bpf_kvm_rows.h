@@ -32,7 +32,8 @@ struct BpfKvmRowOptions {
   KvmAnalysisOptions analysis{};  // event, vcpu, pid, per_vcpu, per_vm (slow_ns unused)
   sources::PvmNumbering pvm = sources::PvmNumbering::kUpstream;
   const sources::KvmDeviceResolver* devices = nullptr;  // not owned; may be null
-  bool final = false;  // the maps no longer change: exits in flight are open at end
+  bool final = false;         // the maps no longer change: exits in flight are open at end
+  EventSink* also = nullptr;  // receives every entry's samples too (the diagnosis); may be null
 };
 
 // An exit in flight when the snapshot was taken (end == kOpenAtEnd, key set): how long it has

@@ -29,6 +29,7 @@ int InspectMain(int argc, char** argv) {
   std::string device;
   size_t rows = 20;
   bool all = false;
+  bool events = false;
   app.add_option("INPUT", path,
                  "dump file written by the recorder (WriteDump, signal, exitscope run), or a "
                  "kernel trace; detected by content")
@@ -44,7 +45,10 @@ int InspectMain(int argc, char** argv) {
   app.add_option("--rows", rows, "rows per table in table format (0 = all)")
       ->check(kNonNegativeInteger)
       ->capture_default_str();
-  app.add_flag("--all", all, "list every row, slow exit and finding");
+  app.add_flag("--all", all, "list every row, slow exit and finding (implies --events)");
+  app.add_flag("--events", events,
+               "list the slow exits and watchdog findings one by one, with their I/Os in flight "
+               "and stacks (by default each repeat is one line; JSON always lists each)");
   std::string kernel;
   app.add_option("--kernel", kernel,
                  "the joint view: match the dump's exits with a kernel trace of the same run "
@@ -89,6 +93,8 @@ int InspectMain(int argc, char** argv) {
   o.source = path;
   o.max_rows = all ? 0 : rows;
   o.max_notable = all ? 0 : 50;
+  o.events = events || all;
+  o.events_command = fmt::format("exitscope inspect {} --events", path);
   if (vcpu >= 0) {
     if (static_cast<uint64_t>(vcpu) >= dump->vcpus.size()) {
       std::fprintf(stderr, "exitscope inspect: --vcpu %lld: the dump has %zu vCPUs (0..%zu)\n",

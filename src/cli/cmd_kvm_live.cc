@@ -29,6 +29,7 @@
 #include "cli/kernel_metrics.h"
 #include "cli/kvm_flags.h"
 #include "cli/parse_args.h"
+#include "cli/report_pipeline.h"
 #include "exitscope/metrics.h"
 #include "fmt/format.h"
 #include "report/kvm_report.h"
@@ -138,8 +139,13 @@ int KvmLiveMain(int argc, char** argv) {
 
   int refresh = 0;
   Status failure;
+  analysis::DiagnosisBuilder diag(KvmDiagnosisOptions(agg));
+  TeeSink tee({metrics ? static_cast<EventSink*>(metrics.get()) : &agg, &diag});
   auto render = [&](bool final_one) {
     agg.Finish();
+    const analysis::Diagnosis diagnosis = diag.Finish();
+    model.context.diagnosis = &diagnosis;
+    model.context.diagnosis_text = KvmDiagnosisText(agg, false);
     if (metrics) metrics->SetLostEvents(src.lost_events());
     ++refresh;
     std::string out;
@@ -175,7 +181,10 @@ int KvmLiveMain(int argc, char** argv) {
     }
     std::fwrite(out.data(), 1, out.size(), stdout);
     std::fflush(stdout);
-    if (!cumulative) agg.Reset();
+    if (!cumulative) {
+      agg.Reset();
+      diag = analysis::DiagnosisBuilder(KvmDiagnosisOptions(agg));
+    }
   };
 
   const auto start = std::chrono::steady_clock::now();
@@ -191,8 +200,7 @@ int KvmLiveMain(int argc, char** argv) {
     }
     return true;
   }});
-  if (Status st = src.Run(metrics ? static_cast<EventSink*>(metrics.get()) : &agg); !st)
-    return ReportError(self, st.error());
+  if (Status st = src.Run(&tee); !st) return ReportError(self, st.error());
   render(true);
   if (!failure) return ReportError(self, failure.error());
   return 0;

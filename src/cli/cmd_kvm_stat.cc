@@ -36,6 +36,7 @@
 #include "cli/kernel_metrics.h"
 #include "cli/kvm_flags.h"
 #include "cli/parse_args.h"
+#include "cli/report_pipeline.h"
 #include "exitscope/metrics.h"
 #include "fmt/format.h"
 #include "report/format.h"
@@ -151,10 +152,22 @@ int RunBpf(StatRun& run, sources::bpf::BpfKvmStat& bpf) {
   ctx.pid = run.flags.pid;
   ctx.vcpu = run.flags.vcpu;
   int refresh = 0;
+  const analysis::KvmAggregator keys(run.aopts);  // the rows' keys, for the diagnosis
+  const auto began = std::chrono::steady_clock::now();
   auto print = [&](const sources::bpf::BpfKvmSnapshot& snap, bool final_one) {
     bo.final = final_one;
+    analysis::DiagnosisBuilder diag(KvmDiagnosisOptions(keys));
+    bo.also = &diag;
     analysis::BpfKvmRows rows = analysis::BuildBpfKvmRows(snap, bo);
     ctx.pairing = &rows.pairing;
+    const analysis::Diagnosis diagnosis =
+        diag.Finish(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                              std::chrono::steady_clock::now() - began)
+                                              .count()));
+    ctx.diagnosis = &diagnosis;
+    ctx.diagnosis_text = KvmDiagnosisText(keys, false);
+    ctx.diagnosis_text.slow_rule =
+        "not told apart: the eBPF maps keep each key's distribution, not single exits";
     ++refresh;
     std::string out;
     if (format == "table") {
@@ -260,8 +273,13 @@ int RunTracefs(StatRun& run) {
   ctx.pid = run.flags.pid;
   ctx.vcpu = run.flags.vcpu;
   int refresh = 0;
+  analysis::DiagnosisBuilder diag(KvmDiagnosisOptions(agg));
+  TeeSink tee({metrics ? static_cast<EventSink*>(metrics.get()) : &agg, &diag});
   auto print = [&](bool final_one) {
     agg.Finish();
+    const analysis::Diagnosis diagnosis = diag.Finish();
+    ctx.diagnosis = &diagnosis;
+    ctx.diagnosis_text = KvmDiagnosisText(agg, false);
     ++refresh;
     std::string out;
     if (format == "table") {
@@ -290,7 +308,7 @@ int RunTracefs(StatRun& run) {
                             run, start, &next_refresh, [] { return true; }, [&] { print(false); },
                             /*once=*/true);
                       }});
-  Status failure = src.Run(metrics ? static_cast<EventSink*>(metrics.get()) : &agg);
+  Status failure = src.Run(&tee);
   StopChild(run);
   if (!failure) {
     if (child_rc != 0) return child_rc;

@@ -348,6 +348,8 @@ int RunMain(int argc, char** argv) {
     const Dump snapshot = rec->Snapshot();
     report::HealthModel h{.dump = &snapshot};
     h.options.source = "live snapshot of exitscope run --guest " + cfg.guest;
+    if (!cfg.dump_path.empty())
+      h.options.events_command = "exitscope inspect " + cfg.dump_path + " --events";
     report::ReportModel m{.health = &h};
     m.timeline.dump = &snapshot;
     if (Status s = report::WriteReport(*renderer, m, output); !s) {

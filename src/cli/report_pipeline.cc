@@ -7,8 +7,10 @@
 #include <cstdio>
 #include <vector>
 
+#include "analysis/diagnosis.h"
 #include "analysis/joint_view.h"
 #include "cli/parse_args.h"
+#include "report/format.h"
 #include "report/html_report.h"
 
 namespace exitscope::cli {
@@ -26,6 +28,29 @@ const report::Renderer* PickRenderer(const char* self, const std::string& format
     return nullptr;
   }
   return *r;
+}
+
+analysis::DiagnosisOptions KvmDiagnosisOptions(const analysis::KvmAggregator& agg) {
+  analysis::DiagnosisOptions o;
+  o.slow = agg.slow_rule();
+  // Without --duration the diagnosis still tells slow from ordinary: kDiagnosisSlowNs.
+  if (!o.slow.enabled()) o.slow.threshold_ns = kDiagnosisSlowNs;
+  o.key = [&agg](const ExitEvent& e, std::string* key) { return agg.RowKeyText(e, key); };
+  return o;
+}
+
+report::DiagnosisTextOptions KvmDiagnosisText(const analysis::KvmAggregator& agg, bool dump) {
+  report::DiagnosisTextOptions t;
+  const uint64_t slow = agg.options().slow_ns;
+  t.slow_rule = slow != 0 ? fmt::format("at least {}", report::FormatDuration(slow))
+                          : fmt::format(
+                                "at least {} (the diagnosis's default; --duration USEC "
+                                "sets it and lists them)",
+                                report::FormatDuration(kDiagnosisSlowNs));
+  t.lost_meaning = dump ? "time inside exits as the VMM timed them, HLT apart (idle)"
+                        : "the kernel's time of each exit, exit to guest entry, HLT apart (idle)";
+  t.next_hint = slow != 0 ? "the slow exits one by one: --format json (slow_exits)" : "";
+  return t;
 }
 
 int RenderKvmReport(KvmReportRun& run, sources::Source& src) {
@@ -48,7 +73,10 @@ int RenderKvmReport(KvmReportRun& run, sources::Source& src) {
   report::HtmlExitCollector exits(
       agg.slow_rule(), [&agg](const ExitEvent& e) { return agg.Counts(e); },
       /*group_targets=*/true);
-  TeeSink tee({&agg, &exits});
+  // The diagnosis counts the exits the tables count, under the tables' keys and slow rule.
+  analysis::DiagnosisBuilder diag(KvmDiagnosisOptions(agg));
+  TeeSink tee({&agg, &exits, &diag});
+  TeeSink tee_text({&agg, &diag});
   const bool html = format == "html";
   if (format == "timeline") {
     // The timeline draws every exit of the source as it is replayed: no aggregation needed.
@@ -67,8 +95,7 @@ int RenderKvmReport(KvmReportRun& run, sources::Source& src) {
       return ReportError(run.self, s.error());
     return 0;
   }
-  if (Status s = src.Run(html ? static_cast<EventSink*>(&tee) : &agg); !s)
-    return ReportError(run.self, s.error());
+  if (Status s = src.Run(html ? &tee : &tee_text); !s) return ReportError(run.self, s.error());
   agg.Finish();
   exits.Finish();
 
@@ -85,6 +112,9 @@ int RenderKvmReport(KvmReportRun& run, sources::Source& src) {
   k.context.pid = run.pid;
   k.context.vcpu = run.vcpu;
   k.context.list_slow_exits = true;
+  const analysis::Diagnosis diagnosis = diag.Finish();
+  k.context.diagnosis = &diagnosis;
+  k.context.diagnosis_text = KvmDiagnosisText(agg, src.dump() != nullptr);
   k.render = run.render;
   k.exits = &exits;
   k.slow_rule = slow_ns != 0
@@ -129,6 +159,7 @@ int RenderJointReport(const char* self, const report::Renderer& r, const Dump& d
   j.options.dump = dump_path;
   j.options.trace = trace_path;
   j.options.rows = rows;
+  j.options.slow_ns = dump.slow_exit_threshold_ns;
   report::ReportModel m{.joint = &j};
   m.timeline.dump = &dump;
   m.timeline.dump_path = dump_path;

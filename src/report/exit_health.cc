@@ -1,6 +1,7 @@
 #include "report/exit_health.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <nlohmann/json.hpp>
 
@@ -167,7 +168,105 @@ std::string FindingLine(const analysis::KeptFinding& f) {
   return std::string(f.text.empty() ? ToString(f.type) : f.text);
 }
 
-std::string RenderTable(const Dump& d, const ExitSummary& s, const ExitHealthOptions& o) {
+void SlowExitList(std::string& out, const Dump& d, const ExitSummary& s,
+                  const ExitHealthOptions& o) {
+  out += fmt::format("\nSlow exits (>= {}): {}\n", FormatDurationNs(d.slow_exit_threshold_ns),
+                     s.slow.size());
+  size_t n = 0;
+  for (const auto& e : s.slow) {
+    if (o.max_notable && n++ == o.max_notable) {
+      out += fmt::format("  ... {} more\n", s.slow.size() - o.max_notable);
+      break;
+    }
+    out +=
+        fmt::format("  {}  vCPU {}: {} {} {}{}\n", Rel(e.start_ns, s.first_ns), e.vcpu,
+                    analysis::DescribeExit(e), e.open_at_end() ? "in progress for" : "took",
+                    FormatDurationNs(e.duration_ns), e.stalled() ? " (watchdog saw it stuck)" : "");
+  }
+}
+
+void FindingList(std::string& out, const ExitSummary& s, const ExitHealthOptions& o) {
+  out += fmt::format("\nWatchdog findings: {}\n", s.findings.size());
+  size_t n = 0;
+  for (const auto& f : s.findings) {
+    if (o.max_notable && n++ == o.max_notable) {
+      out += fmt::format("  ... {} more\n", s.findings.size() - o.max_notable);
+      break;
+    }
+    out += fmt::format("  {}  {}\n", Rel(f.time_ns, s.first_ns), FindingLine(f));
+    for (const auto& io : f.in_flight)
+      out += fmt::format("      in flight: {} io {} for {}\n", io.device_name, io.io_id,
+                         FormatDurationNs(io.age_ns));
+    if (f.stack != nullptr) {
+      out += fmt::format("      stack: {}\n", StackHeadline(*f.stack));
+      for (const std::string& line : StackFrameLines(*f.stack, /*marked=*/true))
+        out += fmt::format("        {}\n", line);
+      if (!f.stack->note.empty()) out += fmt::format("      note: {}\n", f.stack->note);
+    }
+  }
+}
+
+// The slow exits, one line per cause (the diagnosis's slow and open groups).
+void SlowExitGroups(std::string& out, const Dump& d, const ExitSummary& s,
+                    const analysis::Diagnosis& diag) {
+  size_t groups = 0;
+  for (const auto& g : diag.groups) groups += g.slow || g.open ? 1 : 0;
+  out += fmt::format(
+      "\nSlow exits (>= {}): {}{}\n", FormatDurationNs(d.slow_exit_threshold_ns), s.slow.size(),
+      s.slow.empty()
+          ? ""
+          : fmt::format(", {} cause{} (--events lists each exit)", groups, groups == 1 ? "" : "s"));
+  for (const auto& g : diag.groups) {
+    if (!g.slow && !g.open) continue;
+    uint64_t stuck = 0;
+    for (const auto& e : g.evidence)
+      if (e.kind == "stuck") stuck = e.exits;
+    out += fmt::format(
+        "  {}: {} exit{}{} on vCPU{} {}, +{:.6f} s .. +{:.6f} s; p50 {}, p90 {}, max {}{}\n",
+        g.cause, g.count, g.count == 1 ? "" : "s", g.open ? " still inside at the end" : "",
+        g.vcpus.size() == 1 ? "" : "s", fmt::format("{}", fmt::join(g.vcpus, ",")),
+        g.first_ns / 1e9, g.last_ns / 1e9, FormatDurationNs(g.typical_ns),
+        FormatDurationNs(g.p90_ns), FormatDurationNs(g.worst_ns),
+        stuck ? fmt::format(" ({} seen stuck by the watchdog)", stuck) : "");
+  }
+}
+
+// The findings, one line per kind of finding, device register and vCPU.
+void FindingGroups(std::string& out, const ExitSummary& s) {
+  struct Group {
+    uint64_t count = 0, first = 0, last = 0, with_io = 0, with_stack = 0;
+  };
+  std::map<std::string, Group> groups;
+  std::vector<std::string> order;
+  for (const auto& f : s.findings) {
+    std::string key = std::string(ToString(f.type));
+    if (!f.device.empty()) key += fmt::format(" {}{}{}", f.device, f.reg.empty() ? "" : ".", f.reg);
+    if (f.type != FindingType::kAgedIo) key += fmt::format(" (vCPU {})", f.vcpu);
+    auto [it, added] = groups.try_emplace(key);
+    if (added) {
+      order.push_back(key);
+      it->second.first = f.time_ns;
+    }
+    Group& g = it->second;
+    ++g.count;
+    g.last = f.time_ns;
+    g.with_io += f.in_flight.empty() ? 0 : 1;
+    g.with_stack += f.stack != nullptr ? 1 : 0;
+  }
+  out += fmt::format("\nWatchdog findings: {}{}\n", s.findings.size(),
+                     s.findings.empty() ? "" : " (--events lists each, with its I/Os and stack)");
+  for (const std::string& k : order) {
+    const Group& g = groups[k];
+    out += fmt::format("  {}: {}, {} .. {}", k, g.count, Rel(g.first, s.first_ns),
+                       Rel(g.last, s.first_ns));
+    if (g.with_io) out += fmt::format("; {} with I/O in flight", g.with_io);
+    if (g.with_stack) out += fmt::format("; {} with a stack", g.with_stack);
+    out += "\n";
+  }
+}
+
+std::string RenderTable(const Dump& d, const ExitSummary& s, const analysis::Diagnosis& diag,
+                        const ExitHealthOptions& o) {
   std::string out;
   out += fmt::format("exitscope exit-health report: {}\n", o.source.empty() ? "dump" : o.source);
   out += fmt::format("  process   {} (pid {}) on {} ({} {}, {})\n", d.process.comm, d.process.pid,
@@ -189,8 +288,9 @@ std::string RenderTable(const Dump& d, const ExitSummary& s, const ExitHealthOpt
     if (o.filter.device) out += fmt::format(" device {}", *o.filter.device);
     out += "\n";
   }
-  out += fmt::format("\n{} exits over {:.3f} s, {} inside exits ({} per exit on average)\n",
-                     s.exits, s.span_s(), FormatDurationNs(s.total_ns),
+  out += "\n" + DiagnosisText(diag, DumpDiagnosisText(d, o));
+  out += fmt::format("{} exits over {:.3f} s, {} inside exits ({} per exit on average)\n", s.exits,
+                     s.span_s(), FormatDurationNs(s.total_ns),
                      FormatDurationNs(s.exits ? s.total_ns / s.exits : 0));
 
   const double span = s.span_s();
@@ -199,37 +299,12 @@ std::string RenderTable(const Dump& d, const ExitSummary& s, const ExitHealthOpt
   GroupTable(out, "Exits by register", "register", s.by_register, span, o.max_rows);
   GroupTable(out, "Exits by vCPU", "vCPU", s.by_vcpu, span, o.max_rows);
 
-  out += fmt::format("\nSlow exits (>= {}): {}\n", FormatDurationNs(d.slow_exit_threshold_ns),
-                     s.slow.size());
-  size_t n = 0;
-  for (const auto& e : s.slow) {
-    if (o.max_notable && n++ == o.max_notable) {
-      out += fmt::format("  ... {} more\n", s.slow.size() - o.max_notable);
-      break;
-    }
-    out +=
-        fmt::format("  {}  vCPU {}: {} {} {}{}\n", Rel(e.start_ns, s.first_ns), e.vcpu,
-                    analysis::DescribeExit(e), e.open_at_end() ? "in progress for" : "took",
-                    FormatDurationNs(e.duration_ns), e.stalled() ? " (watchdog saw it stuck)" : "");
-  }
-
-  out += fmt::format("\nWatchdog findings: {}\n", s.findings.size());
-  n = 0;
-  for (const auto& f : s.findings) {
-    if (o.max_notable && n++ == o.max_notable) {
-      out += fmt::format("  ... {} more\n", s.findings.size() - o.max_notable);
-      break;
-    }
-    out += fmt::format("  {}  {}\n", Rel(f.time_ns, s.first_ns), FindingLine(f));
-    for (const auto& io : f.in_flight)
-      out += fmt::format("      in flight: {} io {} for {}\n", io.device_name, io.io_id,
-                         FormatDurationNs(io.age_ns));
-    if (f.stack != nullptr) {
-      out += fmt::format("      stack: {}\n", StackHeadline(*f.stack));
-      for (const std::string& line : StackFrameLines(*f.stack, /*marked=*/true))
-        out += fmt::format("        {}\n", line);
-      if (!f.stack->note.empty()) out += fmt::format("      note: {}\n", f.stack->note);
-    }
+  if (o.events) {
+    SlowExitList(out, d, s, o);
+    FindingList(out, s, o);
+  } else {
+    SlowExitGroups(out, d, s, diag);
+    FindingGroups(out, s);
   }
 
   CounterTableText(out, BuildCounterTable(d, o.filter, o.max_rows == 0));
@@ -269,10 +344,12 @@ nlohmann::json GroupsJson(const ExitTable& table) {
   return a;
 }
 
-std::string RenderJson(const Dump& d, const ExitSummary& s, const ExitHealthOptions& o) {
+std::string RenderJson(const Dump& d, const ExitSummary& s, const analysis::Diagnosis& diag,
+                       const ExitHealthOptions& o) {
   nlohmann::json j;
   j["schema"] = "exitscope.exit-health.v1";
   j["source"] = o.source;
+  j["diagnosis"] = DiagnosisJson(diag, DumpDiagnosisText(d, o));
   j["process"] = {{"pid", d.process.pid}, {"comm", d.process.comm}, {"argv", d.process.argv}};
   j["host"] = {{"nodename", d.host.nodename},
                {"release", d.host.release},
@@ -375,14 +452,41 @@ std::span<const std::string_view> KvmExitCounterNames() {
 }
 
 std::string RenderExitHealthTable(const Dump& dump, const ExitSummary& summary,
+                                  const analysis::Diagnosis& diagnosis,
                                   const ExitHealthOptions& options) {
-  return RenderTable(dump, summary, options);
+  return RenderTable(dump, summary, diagnosis, options);
+}
+
+analysis::DiagnosisOptions DumpDiagnosisOptions(const analysis::SummaryFilter& filter) {
+  analysis::DiagnosisOptions o;
+  o.slow = analysis::kDumpSlowRule;
+  o.key = [filter](const ExitEvent& e, std::string* key) {
+    if (filter.vcpu && e.vcpu != *filter.vcpu) return false;
+    // As the summary filters: "unassigned" is every exit without a device.
+    if (filter.device &&
+        (*filter.device == "unassigned" ? !e.device.empty() : e.device != *filter.device))
+      return false;
+    *key = analysis::DiagnosisCause(e);
+    return true;
+  };
+  return o;
+}
+
+DiagnosisTextOptions DumpDiagnosisText(const Dump& dump, const ExitHealthOptions& options) {
+  DiagnosisTextOptions t;
+  t.slow_rule = fmt::format("the recorder's threshold ({}) or seen stuck by the watchdog",
+                            FormatDurationNs(dump.slow_exit_threshold_ns));
+  t.lost_meaning = "time inside exits as the VMM timed them, HLT apart (idle)";
+  t.events_command = options.events_command;
+  return t;
 }
 
 std::string ExitHealthReport(const Dump& dump, const ExitHealthOptions& options) {
-  const ExitSummary s = analysis::Summarize(dump, options.filter);
-  return options.format == OutputFormat::kJson ? RenderJson(dump, s, options)
-                                               : RenderTable(dump, s, options);
+  analysis::DiagnosisBuilder diag(DumpDiagnosisOptions(options.filter));
+  const ExitSummary s = analysis::Summarize(dump, options.filter, &diag);
+  const analysis::Diagnosis d = diag.Finish();
+  return options.format == OutputFormat::kJson ? RenderJson(dump, s, d, options)
+                                               : RenderTable(dump, s, d, options);
 }
 
 void WriteExitHealthReport(const Dump& dump, const ExitHealthOptions& options, std::FILE* out) {

@@ -73,10 +73,69 @@ void HealthTable(Section& out, std::string_view heading, std::string_view key, c
         Note{fmt::format("{} more rows (--format json lists all)", t.rows.size() - max_rows)});
 }
 
+// The diagnosis, first on every page: the answer, the vCPUs' losses, the causes ranked with
+// their evidence, and links to the plots and tables that show it.
+Section DiagnosisSection(const analysis::Diagnosis& d, const DiagnosisTextOptions& o,
+                         bool has_timeline) {
+  Section sec{"diagnosis", "Diagnosis", {}};
+  sec.blocks.push_back(Note{DiagnosisHeadline(d, o), !d.all_well()});
+  if (d.exits == 0) return sec;
+  const auto pct = [&](double share) {
+    return d.span_ns ? fmt::format("{:.1f} %", share * 100.0) : std::string("-");
+  };
+  Table v;
+  Cols(v,
+       {"vCPU", "lost", "share of the run", "in slow or stuck exits", "idle (HLT)", "off the CPU"});
+  v.columns[0].key = true;
+  for (const analysis::DiagnosisVcpu& x : d.vcpus)
+    v.rows.push_back({fmt::format("{}", x.vcpu), FormatDurationNs(x.lost_ns), pct(x.share),
+                      FormatDurationNs(x.slow_ns), FormatDurationNs(x.idle_ns),
+                      FormatDurationNs(x.off_cpu_ns)});
+  sec.blocks.push_back(Heading{"What each vCPU lost"});
+  if (!o.lost_meaning.empty()) sec.blocks.push_back(Note{"lost: " + o.lost_meaning});
+  sec.blocks.push_back(std::move(v));
+  Table c;
+  Cols(c, {"#", "cause", "exits", "lost", "share of the run", "typical", "worst", "vCPUs",
+           "evidence"});
+  c.columns[1].key = true;
+  bool stacks = false;
+  size_t n = 0;
+  for (const analysis::DiagnosisGroup& g : d.groups) {
+    if (n == o.max_groups || (n > 0 && !g.slow && !g.open && g.share < 0.01)) break;
+    ++n;
+    std::string ev;
+    for (const analysis::DiagnosisEvidence& e : g.evidence) {
+      ev += (ev.empty() ? "" : "; ") + EvidenceText(e, g.count);
+      stacks = stacks || e.kind == "stack";
+    }
+    std::string vcpus;
+    for (uint32_t x : g.vcpus) vcpus += fmt::format("{}{}", vcpus.empty() ? "" : ",", x);
+    c.rows.push_back({fmt::format("{}", n),
+                      g.cause + (g.open   ? " (still inside)"
+                                 : g.slow ? " (slow)"
+                                          : ""),
+                      fmt::format("{}", g.count), FormatDurationNs(g.lost_ns), pct(g.share),
+                      FormatDurationNs(g.typical_ns), FormatDurationNs(g.worst_ns), vcpus, ev});
+  }
+  if (!c.rows.empty()) {
+    sec.blocks.push_back(Heading{"What took the time, largest first"});
+    if (!o.slow_rule.empty()) sec.blocks.push_back(Note{"slow: " + o.slow_rule});
+    sec.blocks.push_back(std::move(c));
+  }
+  sec.blocks.push_back(
+      Note{"The evidence: each exit's duration, by cause", false, "#s-histograms"});
+  if (has_timeline)
+    sec.blocks.push_back(Note{"The evidence: the slow exits over time", false, "#s-timeline"});
+  if (stacks)
+    sec.blocks.push_back(
+        Note{"The evidence: the stuck threads' stacks (watchdog findings)", false, "#s-tables"});
+  return sec;
+}
+
 // The dump's header, plots and tables (inspect's page, and the second half of the joint one).
 void DumpSections(html::Page& p, const Dump& d, const ExitHealthOptions& o,
                   const HtmlPlotOptions& plot, const analysis::ExitSummary& s,
-                  const HtmlExitCollector& exits) {
+                  const analysis::Diagnosis& diag, const HtmlExitCollector& exits) {
   p.meta.push_back(
       {fmt::format("{} \u2014 process {} (pid {}) on {} ({} {}, {})",
                    o.source.empty() ? "dump" : o.source, d.process.comm, d.process.pid,
@@ -195,8 +254,9 @@ void DumpSections(html::Page& p, const Dump& d, const ExitHealthOptions& o,
   text.format = OutputFormat::kTable;
   text.max_rows = 0;
   text.max_notable = 0;
-  tables.blocks.push_back(
-      Details{"The text report (exitscope inspect, every row)", RenderExitHealthTable(d, s, text)});
+  text.events = true;
+  tables.blocks.push_back(Details{"The text report (exitscope inspect, every row)",
+                                  RenderExitHealthTable(d, s, diag, text)});
   p.sections.push_back(std::move(hists));
   p.sections.push_back(std::move(timeline));
   p.sections.push_back(std::move(tables));
@@ -370,10 +430,14 @@ std::string_view HtmlUnavailable() {
 std::string RenderExitHealthHtml(const Dump& dump, const ExitHealthOptions& options,
                                  const HtmlPlotOptions& plot) {
   HtmlExitCollector exits = DumpCollector(options.filter);
-  const analysis::ExitSummary s = analysis::Summarize(dump, options.filter, &exits);
+  analysis::DiagnosisBuilder diag(DumpDiagnosisOptions(options.filter));
+  TeeSink tee({&exits, &diag});
+  const analysis::ExitSummary s = analysis::Summarize(dump, options.filter, &tee);
+  const analysis::Diagnosis d = diag.Finish();
   html::Page p;
   p.title = "exitscope exit-health report: " + (options.source.empty() ? "dump" : options.source);
-  DumpSections(p, dump, options, plot, s, exits);
+  p.sections.push_back(DiagnosisSection(d, DumpDiagnosisText(dump, options), true));
+  DumpSections(p, dump, options, plot, s, d, exits);
   return html::RenderPage(p);
 }
 
@@ -382,11 +446,15 @@ std::string RenderJointHtml(const Dump& dump, const analysis::JointView& view,
   ExitHealthOptions ho;
   ho.source = o.dump;
   HtmlExitCollector exits = DumpCollector(ho.filter);
-  const analysis::ExitSummary s = analysis::Summarize(dump, ho.filter, &exits);
+  analysis::DiagnosisBuilder diag(DumpDiagnosisOptions(ho.filter));
+  TeeSink tee({&exits, &diag});
+  const analysis::ExitSummary s = analysis::Summarize(dump, ho.filter, &tee);
   html::Page p;
   p.title = fmt::format("exitscope joint view: {} + {}", o.dump, o.trace);
+  p.sections.push_back(
+      DiagnosisSection(analysis::DiagnoseJoint(view, o.slow_ns), JointDiagnosisText(o), true));
   JointSections(p, view, o, plot);
-  DumpSections(p, dump, ho, plot, s, exits);
+  DumpSections(p, dump, ho, plot, s, diag.Finish(), exits);
   return html::RenderPage(p);
 }
 
@@ -395,6 +463,8 @@ std::string RenderKvmHtml(const analysis::KvmAnalysis& a, const KvmReportContext
                           std::string_view slow_rule, const HtmlPlotOptions& plot) {
   html::Page p;
   p.title = fmt::format("exitscope kvm report: {}", ctx.input);
+  if (ctx.diagnosis != nullptr)
+    p.sections.push_back(DiagnosisSection(*ctx.diagnosis, ctx.diagnosis_text, true));
   KvmSections(p, a, ctx, opts, exits, slow_rule, plot);
   return html::RenderPage(p);
 }

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -17,10 +18,13 @@
 namespace exitscope::report::html {
 
 // A paragraph: a meta line under the title, or a note in a section. `warn` shows it as a
-// warning (red).
+// warning (red); `href` makes it a link.
 struct Note {
+  Note(std::string t = {}, bool w = false, std::string h = {})  // NOLINT: implicit from text
+      : text(std::move(t)), warn(w), href(std::move(h)) {}
   std::string text;
   bool warn = false;
+  std::string href;  // when set, the text links there ("#s-timeline": a section's anchor)
 };
 
 // One plot: the JSON object web/report.js draws, with its "id", its "kind" (hist, timeline,

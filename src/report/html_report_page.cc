@@ -76,6 +76,9 @@ std::string ScriptText(std::string_view js) {
 }
 
 std::string Paragraph(std::string_view cls, const Note& n) {
+  if (!n.href.empty())
+    return fmt::format("<p class=\"{}{}\"><a href=\"{}\">{}</a></p>\n", cls, n.warn ? " warn" : "",
+                       Esc(n.href), Esc(n.text));
   return fmt::format("<p class=\"{}{}\">{}</p>\n", cls, n.warn ? " warn" : "", Esc(n.text));
 }
 

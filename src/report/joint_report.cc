@@ -184,6 +184,7 @@ std::string RenderJointTable(const JointView& v, const JointRenderOptions& o) {
     out += fmt::format("  note      {}\n", kNotSplit);
   }
 
+  out += "\n" + DiagnosisText(analysis::DiagnoseJoint(v, o.slow_ns), JointDiagnosisText(o));
   const analysis::JointGroups g = analysis::GroupJointExits(v.matched);
   AppendGroups(out, "By kind", g.by_kind, o.rows, sched);
   AppendGroups(out, "By device", g.by_device, o.rows, sched);
@@ -222,8 +223,21 @@ std::string RenderJointTable(const JointView& v, const JointRenderOptions& o) {
   return out;
 }
 
+DiagnosisTextOptions JointDiagnosisText(const JointRenderOptions& o) {
+  DiagnosisTextOptions t;
+  t.slow_rule = o.slow_ns != 0
+                    ? fmt::format("the kernel's exit time at least the dump's threshold ({})",
+                                  FormatDuration(o.slow_ns))
+                    : "none (the dump has no slow-exit threshold)";
+  t.lost_meaning =
+      "the kernel's time of each matched userspace exit (exit to guest entry), HLT apart";
+  t.next_hint = "the slowest exits below; --format json lists every exit with its split";
+  return t;
+}
+
 std::string RenderJointJson(const JointView& v, const JointRenderOptions& o) {
   nlohmann::json joint;
+  joint["diagnosis"] = DiagnosisJson(analysis::DiagnoseJoint(v, o.slow_ns), JointDiagnosisText(o));
   joint["dump"] = o.dump;
   joint["trace"] = o.trace;
   joint["trace_format"] = v.trace_format;

@@ -8,6 +8,7 @@
 #include "analysis/joint_view.h"
 #include "exitscope/dump.h"
 #include "exitscope/status.h"
+#include "report/diagnosis_report.h"
 
 namespace exitscope::report {
 
@@ -19,9 +20,14 @@ struct JointRenderOptions {
   // JSON: matched exits listed one by one (0 = all); the rest are counted in
   // "exits_left_out". Unmatched exits are always all listed.
   size_t max_exits = 0;
+  // The diagnosis's slow rule: kernel exit time at least this (the dump's slow-exit threshold);
+  // 0: none is slow.
+  uint64_t slow_ns = 0;
 };
 
 std::string RenderJointTable(const analysis::JointView& v, const JointRenderOptions& o);
+// The words the joint view's diagnosis is given (its slow rule, what "lost" measures).
+DiagnosisTextOptions JointDiagnosisText(const JointRenderOptions& o);
 std::string RenderJointJson(const analysis::JointView& v, const JointRenderOptions& o);
 
 }  // namespace exitscope::report

@@ -298,6 +298,10 @@ std::string RenderKvmHistogram(const KvmRow& row, int bar_width) {
 std::string RenderKvmTable(const KvmAnalysis& a, const KvmReportContext& ctx,
                            const KvmRenderOptions& opts) {
   std::string out;
+  if (ctx.diagnosis != nullptr) {
+    out += DiagnosisText(*ctx.diagnosis, ctx.diagnosis_text);
+    out.pop_back();  // the table opens with its own blank line
+  }
   AppendTable(out, a, a.all, ctx, opts);
   if (opts.per_vm) {
     for (const auto& g : a.per_vm) AppendTable(out, a, *g, ctx, opts);
@@ -320,6 +324,7 @@ std::string RenderKvmJson(const KvmAnalysis& a, const KvmReportContext& ctx,
                 {"tsc_khz", ctx.tsc_khz},
                 {"tsc_khz_from_host", ctx.tsc_khz_from_host}};
   j["event"] = analysis::ToString(a.event);
+  if (ctx.diagnosis != nullptr) j["diagnosis"] = DiagnosisJson(*ctx.diagnosis, ctx.diagnosis_text);
   j["filters"] = {{"pid", ctx.pid >= 0 ? nlohmann::json(ctx.pid) : nlohmann::json(nullptr)},
                   {"vcpu", ctx.vcpu >= 0 ? nlohmann::json(ctx.vcpu) : nlohmann::json(nullptr)}};
   j["all"] = GroupJson(a.all, opts);

@@ -13,7 +13,9 @@
 #include <string_view>
 #include <vector>
 
+#include "analysis/diagnosis.h"
 #include "analysis/kvm_stats.h"
+#include "report/diagnosis_report.h"
 #include "sources/kvm_pairing.h"
 
 namespace exitscope::report {
@@ -30,6 +32,10 @@ struct KvmReportContext {
   int64_t pid = -1;
   int64_t vcpu = -1;
   bool list_slow_exits = false;  // JSON "slow_exits": the analysis's slow exits (kvm report)
+  // The diagnosis the report opens with (table, json, html); null: none (a caller that made
+  // none).
+  const analysis::Diagnosis* diagnosis = nullptr;
+  DiagnosisTextOptions diagnosis_text{};
 };
 
 struct KvmRenderOptions {

@@ -34,7 +34,7 @@ class InspectStacks : public testing::Test {
 std::string* InspectStacks::path_ = nullptr;
 
 TEST_F(InspectStacks, TableShowsFramesNoteAndThreadIds) {
-  const auto o = RunExitscope("inspect " + *path_);
+  const auto o = RunExitscope("inspect --events " + *path_);
   ASSERT_EQ(o.status, 0) << o.out;
   EXPECT_NE(o.out.find("  threads   vCPU 0 tid 4300, vCPU 1 tid 4301\n"), std::string::npos)
       << o.out;

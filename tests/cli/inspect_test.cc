@@ -71,7 +71,7 @@ class InspectTest : public testing::Test {
 std::string* InspectTest::path_ = nullptr;
 
 TEST_F(InspectTest, TableNamesDevicesRegistersSlowExitsAndFindings) {
-  const Output o = RunExitscope("inspect " + *path_);
+  const Output o = RunExitscope("inspect --events " + *path_);
   ASSERT_EQ(o.status, 0) << o.out;
   EXPECT_NE(o.out.find("52 exits"), std::string::npos) << o.out;
   EXPECT_NE(o.out.find("uart0.THR write"), std::string::npos) << o.out;

@@ -50,6 +50,7 @@ class ReportStacks : public testing::Test {
     dump_ = std::move(*d);
     health_.dump = &dump_;
     health_.options.source = "stacks.esdump";
+    health_.options.events = true;  // the findings one by one, with their frames
     model_.health = &health_;
     model_.timeline.dump = &dump_;
   }

@@ -599,7 +599,7 @@ TEST_F(NvmeStackTest, ABackendDelayShowsReadUnderBackendWaitInTheDoorbell) {
                   "unwinds in time (stack_capture_test checks that timeout path under TSan)";
 #endif
   BackendFaults f;
-  f.delay_ms = 400;
+  f.delay_ms = 1200;  // the watchdog (100 ms) finds it stuck even on a loaded machine
   f.delay_every = 1;
   Make(f);
   Enable();
@@ -616,7 +616,7 @@ TEST_F(NvmeStackTest, AHeldLockShowsTheDoorbellWaitingInLockDevice) {
   GTEST_SKIP() << "TSan defers the stack signal to its own safe points, so the doorbell never "
                   "unwinds in time (stack_capture_test checks that timeout path under TSan)";
 #endif
-  Make({}, 4, 2, LockFault{.hold_ms = 400, .every = 1});
+  Make({}, 4, 2, LockFault{.hold_ms = 1200, .every = 1});  // as above: room on a loaded machine
   Enable();
   CreateIoQueues();
   const std::string stack = StuckDoorbellStack();

@@ -83,52 +83,56 @@ Section DiagnosisSection(const analysis::Diagnosis& d, const DiagnosisTextOption
   const auto pct = [&](double share) {
     return d.span_ns ? fmt::format("{:.1f} %", share * 100.0) : std::string("-");
   };
+  bool off_cpu = false;
+  for (const analysis::DiagnosisVcpu& x : d.vcpus) off_cpu = off_cpu || x.off_cpu_ns != 0;
   Table v;
-  Cols(v,
-       {"vCPU", "lost", "share of the run", "in slow or stuck exits", "idle (HLT)", "off the CPU"});
+  if (off_cpu)
+    Cols(v, {"vCPU", "lost", "share of the run", "in slow or stuck exits", "idle (HLT)",
+             "off the CPU"});
+  else
+    Cols(v, {"vCPU", "lost", "share of the run", "in slow or stuck exits", "idle (HLT)"});
   v.columns[0].key = true;
-  for (const analysis::DiagnosisVcpu& x : d.vcpus)
+  for (const analysis::DiagnosisVcpu& x : d.vcpus) {
     v.rows.push_back({fmt::format("{}", x.vcpu), FormatDurationNs(x.lost_ns), pct(x.share),
-                      FormatDurationNs(x.slow_ns), FormatDurationNs(x.idle_ns),
-                      FormatDurationNs(x.off_cpu_ns)});
+                      FormatDurationNs(x.slow_ns), FormatDurationNs(x.idle_ns)});
+    if (off_cpu) v.rows.back().push_back(FormatDurationNs(x.off_cpu_ns));
+  }
   sec.blocks.push_back(Heading{"What each vCPU lost"});
   if (!o.lost_meaning.empty()) sec.blocks.push_back(Note{"lost: " + o.lost_meaning});
   sec.blocks.push_back(std::move(v));
   Table c;
-  Cols(c, {"#", "cause", "exits", "lost", "share of the run", "typical", "worst", "vCPUs",
-           "evidence"});
+  Cols(c, {"#", "cause", "exits", "lost", "share of the run", "typical", "worst", "vCPUs"});
   c.columns[1].key = true;
+  std::vector<Note> evidence;
   bool stacks = false;
   size_t n = 0;
   for (const analysis::DiagnosisGroup& g : d.groups) {
     if (n == o.max_groups || (n > 0 && !g.slow && !g.open && g.share < 0.01)) break;
     ++n;
-    std::string ev;
+    const std::string cause = g.cause + (g.open ? " (still inside)" : g.slow ? " (slow)" : "");
     for (const analysis::DiagnosisEvidence& e : g.evidence) {
-      ev += (ev.empty() ? "" : "; ") + EvidenceText(e, g.count);
+      evidence.push_back(Note{fmt::format("{}. {}: {}", n, cause, EvidenceText(e, g.count))});
       stacks = stacks || e.kind == "stack";
     }
     std::string vcpus;
     for (uint32_t x : g.vcpus) vcpus += fmt::format("{}{}", vcpus.empty() ? "" : ",", x);
-    c.rows.push_back({fmt::format("{}", n),
-                      g.cause + (g.open   ? " (still inside)"
-                                 : g.slow ? " (slow)"
-                                          : ""),
-                      fmt::format("{}", g.count), FormatDurationNs(g.lost_ns), pct(g.share),
-                      FormatDurationNs(g.typical_ns), FormatDurationNs(g.worst_ns), vcpus, ev});
+    c.rows.push_back({fmt::format("{}", n), cause, fmt::format("{}", g.count),
+                      FormatDurationNs(g.lost_ns), pct(g.share), FormatDurationNs(g.typical_ns),
+                      FormatDurationNs(g.worst_ns), vcpus});
   }
   if (!c.rows.empty()) {
     sec.blocks.push_back(Heading{"What took the time, largest first"});
     if (!o.slow_rule.empty()) sec.blocks.push_back(Note{"slow: " + o.slow_rule});
     sec.blocks.push_back(std::move(c));
   }
-  sec.blocks.push_back(
-      Note{"The evidence: each exit's duration, by cause", false, "#s-histograms"});
+  if (!evidence.empty()) sec.blocks.push_back(Heading{"The evidence"});
+  for (Note& e : evidence) sec.blocks.push_back(std::move(e));
+  sec.blocks.push_back(Note{"See: each exit's duration, by cause", false, "#s-histograms"});
   if (has_timeline)
-    sec.blocks.push_back(Note{"The evidence: the slow exits over time", false, "#s-timeline"});
+    sec.blocks.push_back(Note{"See: the slow exits over time", false, "#s-timeline"});
   if (stacks)
     sec.blocks.push_back(
-        Note{"The evidence: the stuck threads' stacks (watchdog findings)", false, "#s-tables"});
+        Note{"See: the stuck threads' stacks (watchdog findings)", false, "#s-tables"});
   return sec;
 }
 

@@ -149,22 +149,15 @@ void StopChild(StatRun& run) {
 Status PrintOffCpu(StatRun& run, bool stuck) {
   if (run.offcpu == nullptr) return {};
   const bool json = run.flags.format == "json";
-  auto ended = run.offcpu->TakeEnded();
+  auto ended = OffCpuEnded(*run.offcpu, *run.offcpu_sym, json);
   if (!ended) return Propagate(ended);
   std::string out;
-  for (const sources::bpf::OffCpuExit& e : *ended) {
-    out += json ? OffCpuExitJson(e, *run.offcpu_sym, false).dump() + "\n"
-                : OffCpuExitText(e, *run.offcpu_sym, "Slow exit");
-  }
+  for (const std::string& e : *ended) out += e;
   if (stuck) {
-    auto now = run.offcpu->InFlight();
+    auto now =
+        OffCpuStuck(*run.offcpu, *run.offcpu_sym, json, static_cast<uint64_t>(run.slow_ms * 1e6));
     if (!now) return Propagate(now);
-    const uint64_t slow_ns = static_cast<uint64_t>(run.slow_ms * 1e6);
-    for (const sources::bpf::OffCpuExit& e : *now) {
-      if (e.duration_ns() < slow_ns) continue;
-      out += json ? OffCpuExitJson(e, *run.offcpu_sym, true).dump() + "\n"
-                  : OffCpuExitText(e, *run.offcpu_sym, "Stuck now");
-    }
+    out += *now;
   }
   if (!json) out += NewOffCpuNotes(*run.offcpu_sym, &run.offcpu_notes);
   std::fwrite(out.data(), 1, out.size(), stdout);

@@ -102,6 +102,30 @@ nlohmann::json OffCpuExitJson(const OffCpuExit& e, OffCpuSymbolizer& sym, bool s
   return nlohmann::json{{stuck ? "stuck" : "slow_exit", std::move(j)}};
 }
 
+Result<std::vector<std::string>> OffCpuEnded(sources::bpf::BpfOffCpuStacks& s,
+                                             OffCpuSymbolizer& sym, bool json) {
+  auto ended = s.TakeEnded();
+  if (!ended) return Propagate(ended);
+  std::vector<std::string> out;
+  for (const OffCpuExit& e : *ended) {
+    out.push_back(json ? OffCpuExitJson(e, sym, false).dump() + "\n"
+                       : OffCpuExitText(e, sym, "Slow exit"));
+  }
+  return out;
+}
+
+Result<std::string> OffCpuStuck(const sources::bpf::BpfOffCpuStacks& s, OffCpuSymbolizer& sym,
+                                bool json, uint64_t slow_ns) {
+  auto now = s.InFlight();
+  if (!now) return Propagate(now);
+  std::string out;
+  for (const OffCpuExit& e : *now) {
+    if (e.duration_ns() < slow_ns) continue;
+    out += json ? OffCpuExitJson(e, sym, true).dump() + "\n" : OffCpuExitText(e, sym, "Stuck now");
+  }
+  return out;
+}
+
 std::string NewOffCpuNotes(const OffCpuSymbolizer& sym, size_t* printed) {
   std::string out;
   for (; *printed < sym.notes().size(); ++*printed) {

@@ -16,9 +16,11 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "exitscope/status.h"
 #include "sources/bpf/bpf_offcpu_stacks.h"
 
 namespace exitscope::cli {
@@ -31,6 +33,13 @@ std::string OffCpuExitText(const sources::bpf::OffCpuExit& e, sources::bpf::OffC
 //  user: [frame], note}]}}, frame: {ip, function, offset, module, file, line, text}.
 nlohmann::json OffCpuExitJson(const sources::bpf::OffCpuExit& e,
                               sources::bpf::OffCpuSymbolizer& sym, bool stuck);
+// The slow exits that ended since the last call, drained from `s`: one text block (or one
+// JSON line) each.
+Result<std::vector<std::string>> OffCpuEnded(sources::bpf::BpfOffCpuStacks& s,
+                                             sources::bpf::OffCpuSymbolizer& sym, bool json);
+// The exits inside for `slow_ns` or more now ("Stuck now", or {"stuck": ...} lines).
+Result<std::string> OffCpuStuck(const sources::bpf::BpfOffCpuStacks& s,
+                                sources::bpf::OffCpuSymbolizer& sym, bool json, uint64_t slow_ns);
 // The symbolizer's notes not printed yet, "note: ...\n" each (`*printed`: how many were).
 std::string NewOffCpuNotes(const sources::bpf::OffCpuSymbolizer& sym, size_t* printed);
 

@@ -20,6 +20,7 @@
 
 #include <gtest/gtest.h>
 
+#include "cli/offcpu_output.h"
 #include "sources/bpf/bpf_offcpu_stacks.h"
 #include "support/run.h"
 
@@ -146,6 +147,28 @@ TEST(BpfOffCpuStacks, BlockedReadHasPipeReadAndTheCallersFrames) {
   EXPECT_TRUE(HasFunction(st.user, "OffCpuBlockedReader")) << Dump(st);
   EXPECT_EQ(st.tid, static_cast<int32_t>(b.tid));
 
+  // What `kvm stat --bpf --stacks` prints for it: text, and one JSON object.
+  const std::string text = cli::OffCpuExitText(*it, sym, "Slow exit");
+  EXPECT_EQ(text.rfind("Slow exit: tid " + std::to_string(b.tid) + " (pid ", 0), 0u) << text;
+  EXPECT_NE(text.find("(marked)"), std::string::npos) << text;
+  EXPECT_NE(text.find("blocked:"), std::string::npos) << text;
+  EXPECT_NE(text.find("    kernel  __schedule+"), std::string::npos) << text;
+  EXPECT_NE(text.find("pipe_read+"), std::string::npos) << text;
+  EXPECT_NE(text.find("    user    "), std::string::npos) << text;
+  EXPECT_NE(text.find("OffCpuBlockedReader"), std::string::npos) << text;
+  const nlohmann::json j = cli::OffCpuExitJson(*it, sym, false);
+  ASSERT_TRUE(j.contains("slow_exit")) << j.dump();
+  const nlohmann::json& je = j["slow_exit"];
+  EXPECT_EQ(je["tid"], b.tid);
+  EXPECT_EQ(je["off_cpu_ns"], it->off_ns);
+  EXPECT_EQ(je["end_ns"], it->end_ns);
+  ASSERT_FALSE(je["sites"].empty());
+  const nlohmann::json& js = je["sites"][0];
+  EXPECT_EQ(js["kernel"].size(), st.kernel.size());
+  EXPECT_EQ(js["user"].size(), st.user.size());
+  EXPECT_EQ(js["kernel"][0]["text"], FormatFrame(st.kernel[0]));
+  EXPECT_FALSE(js["in_progress"].get<bool>());
+
   // While it was blocked, the in-flight view showed it off the CPU in the read.
   auto f = std::find_if(b.in_flight.begin(), b.in_flight.end(),
                         [&](const OffCpuExit& e) { return e.tid == b.tid; });
@@ -154,6 +177,9 @@ TEST(BpfOffCpuStacks, BlockedReadHasPipeReadAndTheCallersFrames) {
   ASSERT_FALSE(f->sites.empty());
   EXPECT_TRUE(f->sites.front().in_progress);
   EXPECT_TRUE(HasFunction(sym.Resolve(f->tgid, f->tid, f->sites.front()).kernel, "pipe_read"));
+  const std::string stuck = cli::OffCpuExitText(*f, sym, "Stuck now");
+  EXPECT_NE(stuck.find("still off the CPU there now"), std::string::npos) << stuck;
+  EXPECT_TRUE(cli::OffCpuExitJson(*f, sym, true).contains("stuck"));
 
   const os_counters c = s->Counters();
   EXPECT_GE(c.captures, 1u);
@@ -249,6 +275,14 @@ TEST(BpfOffCpuStacksCli, WithoutBpfStacksIsRefusedInOneLine) {
   EXPECT_NE(r.err.find("--bpf not possible here: "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("--stacks needs it"), std::string::npos) << r.err;
   EXPECT_EQ(r.out, "");  // nothing streamed from tracefs instead
+
+  test::Ran live = test::Run({"/usr/bin/env", "EXITSCOPE_KERNEL_BTF=/nonexistent/btf", bin, "kvm",
+                              "live", "--stacks", "--stop-after", "0.1"});
+  EXPECT_EQ(live.status, 1) << live.err;
+  EXPECT_EQ(live.err,
+            "exitscope kvm live: --stacks not possible here: no kernel BTF (/nonexistent/btf: No "
+            "such file or directory)\n");
+  EXPECT_EQ(live.out, "");
 
   test::Ran u = test::Run({bin, "kvm", "stat", "--stacks"});
   EXPECT_EQ(u.status, 2) << u.err;

@@ -284,6 +284,11 @@ TEST(BpfOffCpuStacksCli, WithoutBpfStacksIsRefusedInOneLine) {
             "such file or directory)\n");
   EXPECT_EQ(live.out, "");
 
+  test::Ran rec = test::Run({bin, "kvm", "record", "-o", "/nonexistent/x.dat", "--stacks"});
+  EXPECT_EQ(rec.status, 2) << rec.err;
+  EXPECT_EQ(std::count(rec.err.begin(), rec.err.end(), '\n'), 1) << rec.err;
+  EXPECT_NE(rec.err.find("kvm record cannot keep off-CPU stacks"), std::string::npos) << rec.err;
+
   test::Ran u = test::Run({bin, "kvm", "stat", "--stacks"});
   EXPECT_EQ(u.status, 2) << u.err;
   EXPECT_EQ(u.err, "exitscope kvm stat: --stacks needs --bpf\n");

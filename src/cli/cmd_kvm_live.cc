@@ -4,12 +4,14 @@
 //   exitscope kvm live [-d SECS] [--stop-after SECS] [--event ...] [--vcpu N] [-p PID]
 //                      [-k KEY] [--duration USEC] [--percentiles] [--per-vcpu] [--per-vm]
 //                      [--histogram] [--format table|json|csv] [--device-map FILE]
-//                      [--cumulative] [--metrics ADDR:PORT]
+//                      [--cumulative] [--metrics ADDR:PORT] [--stacks [--slow MS]]
 //
 // Exits come from sources::TracefsLiveSource (tracefs raw per-CPU pages, a private instance,
 // every setting restored on exit, Ctrl-C included; paired by KvmPairer), are aggregated by
 // KvmAggregator and rendered by the --format renderer (report/renderer.h): the very code
-// `kvm report` runs on a file.
+// `kvm report` runs on a file. --stacks loads the off-CPU stacks program next to it
+// (sources/bpf/bpf_offcpu_stacks.h, docs/kvm-stacks.md): slow exits with where their thread
+// spent its time off the CPU, and the exits stuck now, under each refresh.
 #include <sys/ioctl.h>
 #include <unistd.h>
 
@@ -28,12 +30,14 @@
 #include "cli/commands.h"
 #include "cli/kernel_metrics.h"
 #include "cli/kvm_flags.h"
+#include "cli/offcpu_output.h"
 #include "cli/parse_args.h"
 #include "cli/report_pipeline.h"
 #include "exitscope/metrics.h"
 #include "fmt/format.h"
 #include "report/kvm_report.h"
 #include "report/renderer.h"
+#include "sources/bpf/bpf_offcpu_stacks.h"
 #include "sources/kvm_device_map.h"
 #include "sources/kvm_pairing.h"
 #include "sources/tracefs_live.h"
@@ -80,7 +84,19 @@ int KvmLiveMain(int argc, char** argv) {
   app.add_option("--metrics", metrics_listen,
                  "also serve the exits as Prometheus metrics on http://ADDR:PORT/metrics "
                  "(:PORT = 127.0.0.1:PORT; docs/prometheus.md)");
+  bool stacks = false;
+  double slow_ms = 20;
+  app.add_flag("--stacks", stacks,
+               "also where vCPU threads inside an exit went off the CPU (kernel and user stacks, "
+               "eBPF on sched_switch): exits slower than --slow with their stacks, and those "
+               "stuck now, under each refresh (docs/kvm-stacks.md)");
+  app.add_option("--slow", slow_ms,
+                 "with --stacks: a slow exit lasts this long or longer, ms (default 20)")
+      ->check(NumberIn(1, 3600000, "ms"));
   if (auto rc = ParseArgs(app, argc, argv)) return *rc;
+  if (stacks && flags.format == "csv") {
+    return UsageError(self, "--stacks prints with --format table or json, not csv");
+  }
   if (!metrics_listen.empty()) {
     if (auto l = ParseMetricsListen(metrics_listen); !l)
       return UsageError(self, "--" + l.error().message);
@@ -101,6 +117,22 @@ int KvmLiveMain(int argc, char** argv) {
   if (!events.empty()) topts.events = events;
   topts.buffer_kb = buffer_kb;
   if (pid > 0) topts.pid = static_cast<pid_t>(pid);
+
+  // --stacks: refused in one line where the program cannot load, never ignored.
+  std::unique_ptr<sources::bpf::BpfOffCpuStacks> offcpu;
+  sources::bpf::OffCpuSymbolizer offcpu_sym;
+  size_t offcpu_notes = 0;
+  const uint64_t slow_stack_ns = static_cast<uint64_t>(slow_ms * 1e6);
+  if (stacks) {
+    auto o = sources::bpf::BpfOffCpuStacks::Open(
+        {.tgid = pid > 0 ? static_cast<uint32_t>(pid) : 0u, .slow_ns = slow_stack_ns});
+    if (!o) {
+      std::fprintf(stderr, "%s: --stacks not possible here: %s\n", self, o.error().message.c_str());
+      return 1;
+    }
+    offcpu = std::move(*o);
+  }
+  std::deque<std::string> slow_stacks;  // the latest slow exits with their stacks
 
   StopSignalScope signals;
   auto opened = sources::TracefsLiveSource::Open(topts, popts);
@@ -178,6 +210,34 @@ int KvmLiveMain(int argc, char** argv) {
       while (!out.empty() && out.back() == '\n') out.pop_back();
       std::replace(out.begin(), out.end(), '\n', ' ');
       out += '\n';
+    }
+    if (offcpu) {  // --stacks: JSON, one object a line after the document
+      auto ended = OffCpuEnded(*offcpu, offcpu_sym, format == "json");
+      auto stuck = OffCpuStuck(*offcpu, offcpu_sym, format == "json", slow_stack_ns);
+      if (!ended) {
+        failure = Propagate(ended);
+        return;
+      }
+      if (!stuck) {
+        failure = Propagate(stuck);
+        return;
+      }
+      if (format == "json") {
+        for (const std::string& e : *ended) out += e;
+        out += *stuck;
+      } else {
+        for (std::string& e : *ended) slow_stacks.push_back(std::move(e));
+        while (slow_stacks.size() > 5) slow_stacks.pop_front();
+        if (!slow_stacks.empty()) {
+          out += fmt::format("\nSlow exits (>= {} ms) with their stacks, latest {}:\n", slow_ms,
+                             slow_stacks.size());
+          for (const std::string& e : slow_stacks) out += e;
+        }
+        if (!stuck->empty())
+          out += "\nExits stuck now (>= " + fmt::format("{}", slow_ms) + " ms):\n" + *stuck;
+        offcpu_notes = 0;  // the screen is redrawn: every note, every refresh
+        out += NewOffCpuNotes(offcpu_sym, &offcpu_notes);
+      }
     }
     std::fwrite(out.data(), 1, out.size(), stdout);
     std::fflush(stdout);

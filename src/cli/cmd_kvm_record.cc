@@ -107,9 +107,20 @@ int KvmRecordMain(int argc, char** argv) {
   app.add_flag("--top-level", top_level,
                "record into the top-level buffer (settings are "
                "restored at the end)");
+  bool stacks = false;
+  app.add_flag("--stacks", stacks,
+               "not possible yet: a .dat file has no place for off-CPU stacks (say so and stop; "
+               "kvm stat --bpf --stacks and kvm live --stacks show them, docs/kvm-stacks.md)");
   if (auto rc = ParseArgs(app, own_argc, argv)) return *rc;
   if (pid > 0 && !cmd.empty()) {
     std::fprintf(stderr, "%s: -p and a command after -- exclude each other\n", self);
+    return 2;
+  }
+  if (stacks) {  // refused, not ignored
+    std::fprintf(stderr,
+                 "%s: --stacks: kvm record cannot keep off-CPU stacks (a .dat file has no place "
+                 "for them); use kvm stat --bpf --stacks or kvm live --stacks\n",
+                 self);
     return 2;
   }
 

@@ -35,6 +35,7 @@
 #include "cli/gated_child.h"
 #include "cli/kernel_metrics.h"
 #include "cli/kvm_flags.h"
+#include "cli/offcpu_output.h"
 #include "cli/parse_args.h"
 #include "cli/report_pipeline.h"
 #include "exitscope/metrics.h"
@@ -43,6 +44,7 @@
 #include "report/kvm_report.h"
 #include "report/renderer.h"
 #include "sources/bpf/bpf_kvm_stat.h"
+#include "sources/bpf/bpf_offcpu_stacks.h"
 #include "sources/kvm_device_map.h"
 #include "sources/kvm_pairing.h"
 #include "sources/tracefs_live.h"
@@ -59,10 +61,15 @@ struct StatRun {
   double duration = 0;  // --duration: 0 = until CMD exits / Ctrl-C
   std::vector<std::string> cmd;
   std::string tracefs_dir;
-  bool bpf_stats = false;            // --bpf-stats
-  std::string metrics_listen;        // --metrics
-  std::string bpf_attach = "auto";   // --bpf-attach
-  std::string bpf_pairing = "auto";  // --bpf-pairing
+  bool bpf_stats = false;                           // --bpf-stats
+  std::string metrics_listen;                       // --metrics
+  std::string bpf_attach = "auto";                  // --bpf-attach
+  std::string bpf_pairing = "auto";                 // --bpf-pairing
+  bool stacks = false;                              // --stacks
+  double slow_ms = 20;                              // --slow (with --stacks)
+  sources::bpf::BpfOffCpuStacks* offcpu = nullptr;  // --stacks: open while RunBpf runs
+  std::unique_ptr<sources::bpf::OffCpuSymbolizer> offcpu_sym;
+  size_t offcpu_notes = 0;  // the symbolizer's notes printed so far
   analysis::KvmAnalysisOptions aopts;
   report::KvmRenderOptions ropts;
   sources::KvmPairerOptions popts;
@@ -138,6 +145,27 @@ void StopChild(StatRun& run) {
   run.child.Stop(sig ? sig : SIGTERM);
 }
 
+// --stacks: the slow exits that ended since the last call, printed now (text, or one JSON
+// object a line); `stuck`: also the exits in flight, with where their threads are now.
+Status PrintOffCpu(StatRun& run, bool stuck) {
+  if (run.offcpu == nullptr) return {};
+  const bool json = run.flags.format == "json";
+  auto ended = OffCpuEnded(*run.offcpu, *run.offcpu_sym, json);
+  if (!ended) return Propagate(ended);
+  std::string out;
+  for (const std::string& e : *ended) out += e;
+  if (stuck) {
+    auto now =
+        OffCpuStuck(*run.offcpu, *run.offcpu_sym, json, static_cast<uint64_t>(run.slow_ms * 1e6));
+    if (!now) return Propagate(now);
+    out += *now;
+  }
+  if (!json) out += NewOffCpuNotes(*run.offcpu_sym, &run.offcpu_notes);
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  std::fflush(stdout);
+  return {};
+}
+
 // --bpf: the in-kernel aggregation.
 int RunBpf(StatRun& run, sources::bpf::BpfKvmStat& bpf) {
   const std::string& format = run.flags.format;
@@ -196,6 +224,11 @@ int RunBpf(StatRun& run, sources::bpf::BpfKvmStat& bpf) {
     }
     std::fwrite(out.data(), 1, out.size(), stdout);
     std::fflush(stdout);
+    // --stacks: the exits stuck now, with where their threads are (the in-flight view).
+    if (run.offcpu != nullptr && !final_one) {
+      if (Status st = PrintOffCpu(run, true); !st)
+        std::fprintf(stderr, "%s: --stacks: %s\n", run.self, st.error().message.c_str());
+    }
   };
 
   std::unique_ptr<KernelMetrics> metrics;  // reads the maps at each scrape
@@ -216,7 +249,14 @@ int RunBpf(StatRun& run, sources::bpf::BpfKvmStat& bpf) {
   auto next_refresh = start + Seconds(run.interval);
   Status failure;
   Wait(
-      run, start, &next_refresh, [] { return true; },
+      run, start, &next_refresh,
+      [&] {
+        // --stacks: slow exits are printed as they end (within the 10 ms poll).
+        if (run.offcpu != nullptr) {
+          if (Status st = PrintOffCpu(run, false); !st) failure = st;
+        }
+        return static_cast<bool>(failure);
+      },
       [&] {
         auto snap = bpf.Read();
         if (!snap) {
@@ -227,6 +267,11 @@ int RunBpf(StatRun& run, sources::bpf::BpfKvmStat& bpf) {
       });
   const sources::bpf::BpfKvmStat::RunTime rt = bpf.ProgramRunTime();
   bpf.Detach();
+  if (run.offcpu != nullptr && failure) {
+    // The exits that ended, and those still stuck at the end, before CMD is stopped.
+    if (Status st = PrintOffCpu(run, true); !st) failure = st;
+    run.offcpu->Detach();
+  }
   StopChild(run);
   if (run.bpf_stats && rt.runs != 0) {
     std::fprintf(stderr,
@@ -385,6 +430,13 @@ int KvmStatMain(int argc, char** argv) {
                  "hosts where kvm_exit never fires, e.g. kvm-pvm: auto's choice there), or "
                  "paired from every kvm tracepoint as kvm report pairs them (docs/kvm-bpf.md)")
       ->check(CLI::IsMember({"auto", "kvm-run", "tracepoints"}));
+  app.add_flag("--stacks", run.stacks,
+               "with --bpf: where vCPU threads inside an exit went off the CPU (kernel and user "
+               "stacks at sched_switch); exits slower than --slow printed as they end, with their "
+               "stacks, and those stuck now at each refresh (docs/kvm-stacks.md)");
+  app.add_option("--slow", run.slow_ms,
+                 "with --stacks: a slow exit lasts this long or longer, ms (default 20)")
+      ->check(NumberIn(1, 3600000, "ms"));
   app.add_option("--tracefs", run.tracefs_dir,
                  "tracefs mount point (default: $EXITSCOPE_TRACEFS or /sys/kernel/tracing)");
   if (auto rc = ParseArgs(app, own_argc, argv)) return *rc;
@@ -394,6 +446,10 @@ int KvmStatMain(int argc, char** argv) {
   }
   if (f.pid > 0 && !run.cmd.empty()) {
     return UsageError(run.self, "-p and a command after -- exclude each other");
+  }
+  if (run.stacks && !use_bpf) return UsageError(run.self, "--stacks needs --bpf");
+  if (run.stacks && f.format == "csv") {
+    return UsageError(run.self, "--stacks prints with --format table or json, not csv");
   }
   std::unique_ptr<sources::KvmDeviceMap> devices;
   if (int rc = f.Apply(run.self, &run.aopts, &run.ropts, &run.popts, &devices); rc != 0) {
@@ -429,6 +485,25 @@ int KvmStatMain(int argc, char** argv) {
                       : ev == KvmEventClass::kHypercall ? 1u << KS_SUB_HYPERCALL
                                                         : 0u;
     auto bpf = sources::bpf::BpfKvmStat::Open(bo);
+    if (!bpf && run.stacks) {
+      // Refused, not ignored: the tracefs fallback has no stacks.
+      std::fprintf(stderr, "%s: --bpf not possible here: %s; --stacks needs it\n", run.self,
+                   bpf.error().message.c_str());
+      return 1;
+    }
+    std::unique_ptr<sources::bpf::BpfOffCpuStacks> offcpu;
+    if (bpf && run.stacks) {
+      auto o = sources::bpf::BpfOffCpuStacks::Open(
+          {.tgid = bo.tgid, .slow_ns = static_cast<uint64_t>(run.slow_ms * 1e6)});
+      if (!o) {
+        std::fprintf(stderr, "%s: --bpf not possible here: %s; --stacks needs it\n", run.self,
+                     o.error().message.c_str());
+        return 1;
+      }
+      offcpu = std::move(*o);
+      run.offcpu = offcpu.get();
+      run.offcpu_sym = std::make_unique<sources::bpf::OffCpuSymbolizer>();
+    }
     if (bpf) return RunBpf(run, **bpf);
     std::fprintf(stderr, "%s: --bpf not possible here: %s; streaming from tracefs instead\n",
                  run.self, bpf.error().message.c_str());

@@ -68,7 +68,7 @@ bool Symbolizer::Report() {
   if (dwfl_ == nullptr) dwfl_ = dwfl_begin(&kCallbacks);
   if (dwfl_ == nullptr) return false;
   dwfl_report_begin(dwfl_);
-  const int rc = dwfl_linux_proc_report(dwfl_, getpid());
+  const int rc = dwfl_linux_proc_report(dwfl_, pid_ != 0 ? pid_ : getpid());
   reported_ = dwfl_report_end(dwfl_, nullptr, nullptr) == 0 && rc == 0;
   return reported_;
 }

@@ -332,6 +332,9 @@ class StreamCursor {
   Status error_;
 };
 
+// CPU data (bytes in the file) from which ReadOwn reads with threads by default.
+constexpr uint64_t kThreadedFrom = 8ull << 20;
+
 // The threaded reader's hand-over: a worker runs one StreamCursor and passes its items, the
 // record bytes copied, in batches through a bounded queue to the merging thread.
 struct Item {
@@ -629,7 +632,9 @@ Status TraceCmdDat::ReadOwn(KvmPairer* pairer, KvmTepDecoder* decoder) {
       return Fail(ErrorCode::kInternal, fmt::format("{}: cannot allocate a kbuffer", path_));
     }
   }
-  // One thread per stream (threads_ 0: when there are several cores and streams). The
+  // One thread per stream (threads_ 0: when there are several cores and streams, and at
+  // least kThreadedFrom bytes of CPU data: below that, a read takes milliseconds and
+  // starting threads and handing batches over costs more than it saves). The
   // threads only read: pages, chunks and record bytes; the merge below, the decoding and
   // the pairing stay on this thread, in the same order as without threads, so the result
   // is the same. Chunk memory is bounded per file (kMaxLiveChunks): the threaded reader
@@ -638,7 +643,11 @@ Status TraceCmdDat::ReadOwn(KvmPairer* pairer, KvmTepDecoder* decoder) {
   bool threaded = false;
   if (threads_ != 1 && !streams.empty()) {
     const unsigned cores = std::thread::hardware_concurrency();
-    threaded = threads_ > 1 || (cores > 1 && streams.size() > 1);
+    uint64_t data = 0;  // CPU data in the file
+    for (const Layout::Buffer& b : L.buffers) {
+      for (const Layout::CpuData& c : b.cpus) data += c.size;
+    }
+    threaded = threads_ > 1 || (cores > 1 && streams.size() > 1 && data >= kThreadedFrom);
     uint64_t chunks = 0;
     for (const auto& s : streams) chunks += s->LargestChunk();
     if (chunks > std::min<uint64_t>(kMaxLiveChunks, 4096 * map_size_)) threaded = false;

@@ -1,5 +1,7 @@
 // `exitscope kvm report` end to end: the binary on the real capture, exit codes and one-line
-// errors for bad input and bad usage. Skips (with the reason) when the binary is not built.
+// errors for bad input and bad usage, and the same report byte for byte whichever way the
+// .dat is read (fast path or checked path, one thread or one per CPU stream). Skips (with the
+// reason) when the binary is not built.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 

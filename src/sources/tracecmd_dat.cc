@@ -229,8 +229,8 @@ class StreamCursor {
   uint64_t fast_pages() const { return fast_pages_; }
   uint64_t checked_pages() const { return checked_pages_; }
 
-  // The largest decompressed chunk of this stream (+ kPad), read from the chunk headers; 0
-  // when a header is out of bounds (the read itself then reports it).
+  // The largest decompressed chunk of this stream (+ kPad), read from the chunk headers up
+  // to the first one out of bounds (the read itself reports that one).
   uint64_t LargestChunk() const {
     if (!compressed_) return 0;
     Bytes h(std::string_view(reinterpret_cast<const char*>(x_.map), x_.map_size), x_.L->big);
@@ -240,7 +240,7 @@ class StreamCursor {
       uint64_t csize = 0, usize = 0;
       if (!h.U(4, &csize) || !h.U(4, &usize) || csize > x_.map_size - h.offset() ||
           usize > kMaxChunk || usize % x_.L->page_size != 0) {
-        return 0;
+        return most;
       }
       most = std::max(most, usize + kPad);
       pos = h.offset() + csize;

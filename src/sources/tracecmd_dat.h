@@ -100,8 +100,9 @@ class TraceCmdDat {
   uint64_t fast_pages() const noexcept { return fast_pages_; }
   uint64_t checked_pages() const noexcept { return checked_pages_; }
   // Reading threads: 0 (default) one per CPU stream when the host has several cores and the
-  // file several streams and at least 8 MiB of CPU data; 1 one thread; N > 1 one per stream even on one core (tests). The
-  // result is the same either way. EXITSCOPE_DAT_THREADS=N sets it at Open.
+  // file several streams and at least 8 MiB of CPU data; 1 one thread; N > 1 one per stream
+  // even on one core (tests). The result is the same either way. EXITSCOPE_DAT_THREADS=N
+  // sets it at Open.
   void set_read_threads(int n) noexcept { threads_ = n < 0 ? 0 : n; }
   // Threads the last ReadAll read with (1: this one).
   int read_threads() const noexcept { return read_threads_; }

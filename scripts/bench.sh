@@ -8,6 +8,8 @@ echo "== recorder: cost of one recorded exit (docs/recorder.md) =="
 "$B/recorder_benchmark" --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 echo; echo "== kvm report vs trace-cmd report vs perf script (docs/kvm.md) =="
 "$B/kvm_report_benchmark" --exits 400000
+echo; echo "== kvm report at the decompression floor, one capture (docs/trace-files.md) =="
+"$B/kvm_dat_floor_benchmark"
 echo; echo "== tracefs raw-page reading and .dat writing (docs/kvm-live.md) =="
 "$B/tracefs_benchmark"
 echo; echo "== VMM: exit round trip with and without recording (docs/vmm.md) =="

@@ -45,6 +45,8 @@ class KvmInput {
   uint64_t records_read() const noexcept;
   // .dat only: the last ReadAll read CPU pages from the mapped file (TraceCmdDat).
   bool used_mapped_reader() const noexcept { return dat_ && dat_->used_mapped_reader(); }
+  // .dat only: threads the last ReadAll read the CPU streams with (else 1).
+  int read_threads() const noexcept { return dat_ ? dat_->read_threads() : 1; }
 
  private:
   KvmInput() = default;

@@ -19,13 +19,17 @@ extern "C" {
 #include <bit>
 #include <cerrno>
 #include <charconv>
+#include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -34,6 +38,7 @@ extern "C" {
 #include "base/text.h"
 #include "sources/host_tsc.h"
 #include "sources/kvm_trace.h"
+#include "sources/ring_page.h"
 #include "sources/tracecmd_dat_layout.h"
 
 // libtracecmd's API, declared here because <trace-cmd/trace-cmd.h> includes <tracefs.h>,
@@ -117,22 +122,321 @@ bool PageIsSane(const uint8_t* page, uint32_t page_size, uint32_t long_size, boo
   return true;
 }
 
-// One CPU's data in one buffer, read page by page.
-struct Stream {
-  uint32_t cpu = 0;
-  size_t buffer = 0;
-  bool compressed = false;
-  uint64_t pos = 0, end = 0;  // uncompressed: next page; compressed: next chunk header
-  uint64_t chunks_left = 0;
-  std::vector<uint8_t> chunk;  // one decompressed chunk + kPad
-  size_t chunk_bytes = 0, chunk_pos = 0;
-  uint64_t chunk_offset = 0;
-  kbuffer* kbuf = nullptr;
-  void* ev = nullptr;
-  unsigned long long ts = 0;
-  uint64_t count = 0, last_offset = 0;
+// One CPU's data in one buffer, read page by page: the next record, lost-event count or
+// error of the stream, in the order the single-threaded reader met them. Pages go through
+// the fast walk (ring_page.h) when it is sure of them, else through PageIsSane and kbuffer.
+// Owns no state shared with other streams but `live` (the single-threaded reader passes
+// one counter for all; the threaded one a counter per stream, see ReadOwn).
+class StreamCursor {
+ public:
+  enum Kind : uint8_t { kEvent, kLost, kError, kEnd };
+  struct Ctx {
+    const std::string* path;
+    const Layout* L;
+    const uint8_t* map;
+    uint64_t map_size;
+    uint32_t lsize;
+    bool fast;  // FastRingPagesApply and allowed
+  };
+
+  StreamCursor(const Ctx& ctx, uint32_t cpu, size_t buffer, bool compressed, uint64_t offset,
+               uint64_t size)
+      : x_(ctx),
+        cpu_(cpu),
+        buffer_(buffer),
+        compressed_(compressed),
+        pos_(offset),
+        end_(offset + size) {
+    if (compressed_) {
+      Bytes h(std::string_view(reinterpret_cast<const char*>(x_.map), x_.map_size), x_.L->big);
+      h.Seek(offset);
+      h.U(4, &chunks_left_);  // checked at Open
+      pos_ = offset + 4;
+    }
+  }
+  ~StreamCursor() {
+    if (kbuf_) kbuffer_free(kbuf_);
+  }
+  StreamCursor(const StreamCursor&) = delete;
+  StreamCursor& operator=(const StreamCursor&) = delete;
+
+  bool Init() {
+    kbuf_ = kbuffer_alloc(x_.lsize == 8 ? KBUFFER_LSIZE_8 : KBUFFER_LSIZE_4,
+                          x_.L->big ? KBUFFER_ENDIAN_BIG : KBUFFER_ENDIAN_LITTLE);
+    if (x_.fast) fast_events_.reserve(x_.L->page_size / 8);
+    return kbuf_ != nullptr;
+  }
+
+  // The next item: kEvent (*ts, *data, *size: valid until the next call), kLost (*lost),
+  // kError (error()), kEnd. After kError or kEnd, nothing more.
+  Kind Next(unsigned long long* ts, const uint8_t** data, uint32_t* size, int64_t* lost,
+            uint64_t* live) {
+    for (;;) {
+      if (fast_pos_ < fast_events_.size()) {
+        const RingEvent& e = fast_events_[fast_pos_++];
+        *ts = e.ts;
+        *data = page_ + e.offset;
+        *size = e.size;
+        return kEvent;
+      }
+      if (kbuf_state_ != kNone) {
+        void* ev =
+            kbuf_state_ == kFirst ? kbuffer_read_event(kbuf_, ts) : kbuffer_next_event(kbuf_, ts);
+        kbuf_state_ = kMore;
+        if (ev != nullptr) {
+          *data = static_cast<const uint8_t*>(ev);
+          *size = static_cast<uint32_t>(kbuffer_event_size(kbuf_));
+          return kEvent;
+        }
+        kbuf_state_ = kNone;
+      }
+      const uint8_t* p = nullptr;
+      uint64_t off = 0;
+      const int r = NextPage(&p, &off, live);
+      if (r <= 0) return r == 0 ? kEnd : kError;
+      const uint32_t page = x_.L->page_size;
+      fast_pos_ = 0;
+      const bool fast = x_.fast && WalkRingPageFast(p, page, &fast_events_);
+      if (!fast) {
+        fast_events_.clear();
+        std::string why;
+        if (!PageIsSane(p, page, x_.lsize, x_.L->big, &why)) {
+          error_ = Fail(ErrorCode::kCorrupt,
+                        fmt::format("{}: offset {}: corrupt CPU {} data{}: {}", *x_.path, off, cpu_,
+                                    compressed_ ? " (in the compressed chunk there)" : "", why));
+          return kError;
+        }
+        kbuf_state_ = kFirst;
+        ++checked_pages_;
+      } else {
+        ++fast_pages_;
+      }
+      page_ = p;
+      kbuffer_load_subbuffer(kbuf_, const_cast<uint8_t*>(p));
+      last_offset_ = off;
+      if (const int missed = kbuffer_missed_events(kbuf_); missed != 0) {
+        *lost = missed;
+        return kLost;
+      }
+    }
+  }
+
+  Status error() const { return error_; }
+  uint32_t cpu() const { return cpu_; }
+  size_t buffer() const { return buffer_; }
+  uint64_t last_offset() const { return last_offset_; }
+  uint64_t chunks() const { return chunks_; }
+  uint64_t fast_pages() const { return fast_pages_; }
+  uint64_t checked_pages() const { return checked_pages_; }
+
+  // The largest decompressed chunk of this stream (+ kPad), read from the chunk headers up
+  // to the first one out of bounds (the read itself reports that one).
+  uint64_t LargestChunk() const {
+    if (!compressed_) return 0;
+    Bytes h(std::string_view(reinterpret_cast<const char*>(x_.map), x_.map_size), x_.L->big);
+    uint64_t pos = pos_, most = 0;
+    for (uint64_t i = 0; i < chunks_left_; ++i) {
+      h.Seek(pos);
+      uint64_t csize = 0, usize = 0;
+      if (!h.U(4, &csize) || !h.U(4, &usize) || csize > x_.map_size - h.offset() ||
+          usize > kMaxChunk || usize % x_.L->page_size != 0) {
+        return most;
+      }
+      most = std::max(most, usize + kPad);
+      pos = h.offset() + csize;
+    }
+    return most;
+  }
+
+  // The next page: 1 and *p, *off; 0 at the end; -1 with error_ set. Next() uses it; by
+  // itself it is the reader's floor (TraceCmdDat::LoadPagesOnly).
+  int NextPage(const uint8_t** p, uint64_t* off, uint64_t* live) {
+    const uint32_t page = x_.L->page_size;
+    if (!compressed_) {
+      if (pos_ >= end_) return 0;
+      *off = pos_;
+      if (pos_ + page + kPad <= x_.map_size) {
+        *p = x_.map + pos_;
+      } else {  // the file's last page: copy so that kbuffer's reads past it stay in memory
+        chunk_.assign(page + kPad, 0);
+        std::memcpy(chunk_.data(), x_.map + pos_, page);
+        *p = chunk_.data();
+      }
+      pos_ += page;
+      ++chunks_;
+      return 1;
+    }
+    if (chunk_pos_ >= chunk_bytes_) {
+      if (chunks_left_ == 0) return 0;
+      Bytes h(std::string_view(reinterpret_cast<const char*>(x_.map), x_.map_size), x_.L->big);
+      h.Seek(pos_);
+      uint64_t csize = 0, usize = 0;
+      if (!h.U(4, &csize) || !h.U(4, &usize) || csize > x_.map_size - h.offset() ||
+          usize > kMaxChunk || usize % page != 0) {
+        error_ = Fail(ErrorCode::kCorrupt, fmt::format("{}: offset {}: corrupt CPU {} chunk header",
+                                                       *x_.path, pos_, cpu_));
+        return -1;
+      }
+      const uint64_t need = usize + kPad;
+      if (need > chunk_.size()) {
+        *live += need - chunk_.size();
+        const uint64_t budget = std::min<uint64_t>(kMaxLiveChunks, 4096 * x_.map_size);
+        if (*live > budget) {
+          error_ = Fail(ErrorCode::kCorrupt,
+                        fmt::format("{}: offset {}: corrupt file: CPU data chunks would hold "
+                                    "{} bytes at once (limit {})",
+                                    *x_.path, pos_, *live, budget));
+          return -1;
+        }
+        chunk_.resize(need);
+      }
+      std::memset(chunk_.data() + usize, 0, kPad);
+      if (!Codecs::Get().Decompress(x_.L->compression, x_.map + h.offset(), csize, chunk_.data(),
+                                    usize)) {
+        error_ = Fail(ErrorCode::kCorrupt,
+                      fmt::format("{}: offset {}: corrupt file: CPU {} chunk does not "
+                                  "decompress ({}, {} -> {} bytes)",
+                                  *x_.path, pos_, cpu_, x_.L->compression, csize, usize));
+        return -1;
+      }
+      chunk_offset_ = pos_;
+      chunk_bytes_ = usize;
+      chunk_pos_ = 0;
+      pos_ = h.offset() + csize;
+      --chunks_left_;
+      ++chunks_;
+    }
+    *p = chunk_.data() + chunk_pos_;
+    *off = chunk_offset_;
+    chunk_pos_ += page;
+    return 1;
+  }
+
+ private:
+  enum KbufState : uint8_t { kNone, kFirst, kMore };
+  Ctx x_;
+  uint32_t cpu_;
+  size_t buffer_;
+  bool compressed_;
+  uint64_t pos_, end_;  // uncompressed: next page; compressed: next chunk header
+  uint64_t chunks_left_ = 0;
+  std::vector<uint8_t> chunk_;  // one decompressed chunk + kPad
+  size_t chunk_bytes_ = 0, chunk_pos_ = 0;
+  uint64_t chunk_offset_ = 0;
+  kbuffer* kbuf_ = nullptr;
+  KbufState kbuf_state_ = kNone;
+  const uint8_t* page_ = nullptr;
+  std::vector<RingEvent> fast_events_;
+  size_t fast_pos_ = 0;
+  uint64_t last_offset_ = 0, chunks_ = 0, fast_pages_ = 0, checked_pages_ = 0;
+  Status error_;
 };
 
+// CPU data (bytes in the file) from which ReadOwn reads with threads by default.
+constexpr uint64_t kThreadedFrom = 8ull << 20;
+
+// The threaded reader's hand-over: a worker runs one StreamCursor and passes its items, the
+// record bytes copied, in batches through a bounded queue to the merging thread.
+struct Item {
+  StreamCursor::Kind kind;
+  uint32_t size = 0;
+  uint64_t at = 0;  // record bytes at Batch::bytes[at]
+  unsigned long long ts = 0;
+  int64_t lost = 0;
+};
+struct Batch {
+  std::vector<Item> items;
+  std::vector<uint8_t> bytes;
+};
+
+class StreamWorker {
+ public:
+  static constexpr size_t kBatchItems = 2048;
+  static constexpr size_t kMaxBatches = 4;  // per stream, in flight
+
+  explicit StreamWorker(StreamCursor* cursor) : cursor_(cursor) {}
+  ~StreamWorker() { Stop(); }
+
+  void Start() {
+    thread_ = std::thread([this] { Run(); });
+  }
+  // Ends the worker (early: the merge stopped at an error) and waits for it.
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  // The next item; its bytes stay valid until the next call.
+  const Item& Next(const uint8_t** data) {
+    if (cur_ == nullptr || pos_ >= cur_->items.size()) {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (cur_ != nullptr) free_.push_back(std::move(cur_));
+      cv_.notify_all();
+      cv_.wait(lock, [&] { return !full_.empty(); });
+      cur_ = std::move(full_.front());
+      full_.pop_front();
+      pos_ = 0;
+    }
+    const Item& it = cur_->items[pos_++];
+    *data = cur_->bytes.data() + it.at;
+    return it;
+  }
+
+ private:
+  void Run() {
+    uint64_t live = 0;  // this stream's chunks (the sum was checked before starting)
+    for (bool done = false; !done;) {
+      std::unique_ptr<Batch> b;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !free_.empty() || made_ < kMaxBatches; });
+        if (stop_) return;
+        if (!free_.empty()) {
+          b = std::move(free_.back());
+          free_.pop_back();
+        } else {
+          b = std::make_unique<Batch>();
+          b->items.reserve(kBatchItems);
+          ++made_;
+        }
+      }
+      b->items.clear();
+      b->bytes.clear();
+      while (b->items.size() < kBatchItems) {
+        Item it;
+        const uint8_t* data = nullptr;
+        it.kind = cursor_->Next(&it.ts, &data, &it.size, &it.lost, &live);
+        if (it.kind == StreamCursor::kEvent) {
+          it.at = b->bytes.size();
+          b->bytes.insert(b->bytes.end(), data, data + it.size);
+        }
+        b->items.push_back(it);
+        if (it.kind == StreamCursor::kError || it.kind == StreamCursor::kEnd) {
+          done = true;
+          break;
+        }
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        full_.push_back(std::move(b));
+      }
+      cv_.notify_all();
+    }
+  }
+
+  StreamCursor* cursor_;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Batch>> full_, free_;
+  size_t made_ = 0;
+  bool stop_ = false;
+  std::unique_ptr<Batch> cur_;  // the merging thread's
+  size_t pos_ = 0;
+};
 struct IterState {
   KvmTepDecoder* decoder;
   KvmPairer* pairer;
@@ -239,6 +543,13 @@ Result<std::unique_ptr<TraceCmdDat>> TraceCmdDat::Open(const std::string& path) 
     }
   }
   dat->swap_ = tep_is_file_bigendian(dat->tep_) != tep_is_local_bigendian(dat->tep_);
+  // Overrides for comparing the readers on the command line (docs/trace-files.md).
+  if (const char* env = std::getenv("EXITSCOPE_DAT_THREADS"); env != nullptr && *env) {
+    dat->threads_ = std::atoi(env) > 0 ? std::atoi(env) : 0;
+  }
+  if (const char* env = std::getenv("EXITSCOPE_DAT_FAST"); env != nullptr && *env) {
+    dat->allow_fast_ = std::string_view(env) != "0";
+  }
   return dat;
 }
 
@@ -292,6 +603,9 @@ Status TraceCmdDat::ReadAll(KvmPairer* pairer) {
   KvmTepDecoder decoder(allow_mapped_ ? tep_ : nullptr);
   records_read_ = 0;
   chunks_read_ = 0;
+  fast_pages_ = 0;
+  checked_pages_ = 0;
+  read_threads_ = 1;
   per_type_.assign(per_type_.size(), 0);
   used_mapped_ = allow_mapped_;
   Status s = allow_mapped_ ? ReadOwn(pairer, &decoder) : ReadLibTraceCmd(pairer, nullptr);
@@ -301,125 +615,104 @@ Status TraceCmdDat::ReadAll(KvmPairer* pairer) {
 
 Status TraceCmdDat::ReadOwn(KvmPairer* pairer, KvmTepDecoder* decoder) {
   const Layout& L = *layout_;
-  const uint32_t page = L.page_size;
   const int header_long = tep_get_header_page_size(tep_);
   const uint32_t lsize = header_long == 4 || (header_long <= 0 && L.long_size == 4) ? 4 : 8;
-  const Codecs& codecs = Codecs::Get();
-  std::vector<Stream> streams;
+  const StreamCursor::Ctx ctx{&path_,    &L,    map_,
+                              map_size_, lsize, allow_fast_ && FastRingPagesApply(L.big, lsize)};
+  std::vector<std::unique_ptr<StreamCursor>> streams;
   for (size_t bi = 0; bi < L.buffers.size(); ++bi) {
     const Layout::Buffer& b = L.buffers[bi];
     for (const Layout::CpuData& c : b.cpus) {
-      Stream s;
-      s.cpu = c.cpu;
-      s.buffer = bi;
-      s.compressed = b.compressed;
-      s.pos = c.offset;
-      s.end = c.offset + c.size;
-      if (s.compressed) {
-        Bytes h(std::string_view(reinterpret_cast<const char*>(map_), map_size_), L.big);
-        h.Seek(c.offset);
-        h.U(4, &s.chunks_left);  // checked at Open
-        s.pos = c.offset + 4;
-      }
-      streams.push_back(std::move(s));
+      streams.push_back(
+          std::make_unique<StreamCursor>(ctx, c.cpu, bi, b.compressed, c.offset, c.size));
     }
   }
-  const auto cleanup = [&] {
-    for (Stream& s : streams) {
-      if (s.kbuf) kbuffer_free(s.kbuf);
-    }
-  };
-  for (Stream& s : streams) {
-    s.kbuf = kbuffer_alloc(lsize == 8 ? KBUFFER_LSIZE_8 : KBUFFER_LSIZE_4,
-                           L.big ? KBUFFER_ENDIAN_BIG : KBUFFER_ENDIAN_LITTLE);
-    if (s.kbuf == nullptr) {
-      cleanup();
+  for (auto& s : streams) {
+    if (!s->Init()) {
       return Fail(ErrorCode::kInternal, fmt::format("{}: cannot allocate a kbuffer", path_));
     }
   }
-  uint64_t live = 0;  // bytes of decompressed chunks held by all streams
-  Status error;
-  // The next page of `s`: 1 and *p, *off; 0 at its end; -1 with `error` set.
-  const auto next_page = [&](Stream& s, const uint8_t** p, uint64_t* off) -> int {
-    if (!s.compressed) {
-      if (s.pos >= s.end) return 0;
-      *off = s.pos;
-      if (s.pos + page + kPad <= map_size_) {
-        *p = map_ + s.pos;
-      } else {  // the file's last page: copy so that kbuffer's reads past it stay in memory
-        s.chunk.assign(page + kPad, 0);
-        std::memcpy(s.chunk.data(), map_ + s.pos, page);
-        *p = s.chunk.data();
-      }
-      s.pos += page;
-      ++chunks_read_;
-      return 1;
+  // One thread per stream (threads_ 0: when there are several cores and streams, and at
+  // least kThreadedFrom bytes of CPU data: below that, a read takes milliseconds and
+  // starting threads and handing batches over costs more than it saves). The
+  // threads only read: pages, chunks and record bytes; the merge below, the decoding and
+  // the pairing stay on this thread, in the same order as without threads, so the result
+  // is the same. Chunk memory is bounded per file (kMaxLiveChunks): the threaded reader
+  // holds every stream's largest chunk at once, so it runs only when they fit the bound
+  // together (else the single-threaded reader reports the file as before).
+  bool threaded = false;
+  if (threads_ != 1 && !streams.empty()) {
+    const unsigned cores = std::thread::hardware_concurrency();
+    uint64_t data = 0;  // CPU data in the file
+    for (const Layout::Buffer& b : L.buffers) {
+      for (const Layout::CpuData& c : b.cpus) data += c.size;
     }
-    if (s.chunk_pos >= s.chunk_bytes) {
-      if (s.chunks_left == 0) return 0;
-      Bytes h(std::string_view(reinterpret_cast<const char*>(map_), map_size_), L.big);
-      h.Seek(s.pos);
-      uint64_t csize = 0, usize = 0;
-      if (!h.U(4, &csize) || !h.U(4, &usize) || csize > map_size_ - h.offset() ||
-          usize > kMaxChunk || usize % page != 0) {
-        error = Fail(ErrorCode::kCorrupt, fmt::format("{}: offset {}: corrupt CPU {} chunk header",
-                                                      path_, s.pos, s.cpu));
-        return -1;
-      }
-      const uint64_t need = usize + kPad;
-      if (need > s.chunk.size()) {
-        live += need - s.chunk.size();
-        const uint64_t budget = std::min<uint64_t>(kMaxLiveChunks, 4096 * map_size_);
-        if (live > budget) {
-          error = Fail(ErrorCode::kCorrupt,
-                       fmt::format("{}: offset {}: corrupt file: CPU data chunks would hold "
-                                   "{} bytes at once (limit {})",
-                                   path_, s.pos, live, budget));
-          return -1;
-        }
-        s.chunk.resize(need);
-      }
-      std::memset(s.chunk.data() + usize, 0, kPad);
-      if (!codecs.Decompress(L.compression, map_ + h.offset(), csize, s.chunk.data(), usize)) {
-        error = Fail(ErrorCode::kCorrupt,
-                     fmt::format("{}: offset {}: corrupt file: CPU {} chunk does not "
-                                 "decompress ({}, {} -> {} bytes)",
-                                 path_, s.pos, s.cpu, L.compression, csize, usize));
-        return -1;
-      }
-      s.chunk_offset = s.pos;
-      s.chunk_bytes = usize;
-      s.chunk_pos = 0;
-      s.pos = h.offset() + csize;
-      --s.chunks_left;
-      ++chunks_read_;
+    threaded = threads_ > 1 || (cores > 1 && streams.size() > 1 && data >= kThreadedFrom);
+    uint64_t chunks = 0;
+    for (const auto& s : streams) chunks += s->LargestChunk();
+    if (chunks > std::min<uint64_t>(kMaxLiveChunks, 4096 * map_size_)) threaded = false;
+  }
+  read_threads_ = threaded ? static_cast<int>(streams.size()) : 1;
+  std::vector<std::unique_ptr<StreamWorker>> workers;
+  if (threaded) {
+    for (auto& s : streams) {
+      workers.push_back(std::make_unique<StreamWorker>(s.get()));
+      workers.back()->Start();
     }
-    *p = s.chunk.data() + s.chunk_pos;
-    *off = s.chunk_offset;
-    s.chunk_pos += page;
-    return 1;
+  }
+  // Totals of the streams; the workers are stopped first (their cursors' counters are theirs
+  // until then).
+  const auto finish = [&] {
+    for (auto& w : workers) w->Stop();
+    chunks_read_ = 0;
+    for (const auto& s : streams) {
+      chunks_read_ += s->chunks();
+      fast_pages_ += s->fast_pages();
+      checked_pages_ += s->checked_pages();
+    }
   };
-  const auto advance = [&](Stream& s) -> bool {
-    while (s.ev == nullptr) {
-      const uint8_t* p = nullptr;
-      uint64_t off = 0;
-      const int r = next_page(s, &p, &off);
-      if (r <= 0) return r == 0;
-      std::string why;
-      if (!PageIsSane(p, page, lsize, L.big, &why)) {
-        error = Fail(ErrorCode::kCorrupt,
-                     fmt::format("{}: offset {}: corrupt CPU {} data{}: {}", path_, off, s.cpu,
-                                 s.compressed ? " (in the compressed chunk there)" : "", why));
-        return false;
+  uint64_t live = 0;  // bytes of decompressed chunks held by all streams (single thread)
+  struct Head {
+    unsigned long long ts = 0;
+    const uint8_t* data = nullptr;
+    uint32_t size = 0;
+    bool has = false;
+    uint64_t count = 0;  // records fed
+  };
+  std::vector<Head> heads(streams.size());
+  Status error;
+  // Moves stream `i` to its next record, passing lost-event counts to the pairer on the way.
+  // false: an error (in `error`).
+  const auto pull = [&](size_t i) -> bool {
+    Head& h = heads[i];
+    for (;;) {
+      StreamCursor::Kind kind;
+      int64_t lost = 0;
+      if (threaded) {
+        const Item& it = workers[i]->Next(&h.data);
+        kind = it.kind;
+        h.ts = it.ts;
+        h.size = it.size;
+        lost = it.lost;
+      } else {
+        kind = streams[i]->Next(&h.ts, &h.data, &h.size, &lost, &live);
       }
-      kbuffer_load_subbuffer(s.kbuf, const_cast<uint8_t*>(p));
-      s.last_offset = off;
-      if (const int missed = kbuffer_missed_events(s.kbuf); missed != 0) {
-        pairer->OnLost(s.cpu, missed);
+      switch (kind) {
+        case StreamCursor::kEvent:
+          h.has = true;
+          return true;
+        case StreamCursor::kLost:
+          pairer->OnLost(streams[i]->cpu(), lost);
+          break;
+        case StreamCursor::kError:
+          h.has = false;
+          error = streams[i]->error();
+          return false;
+        case StreamCursor::kEnd:
+          h.has = false;
+          return true;
       }
-      s.ev = kbuffer_read_event(s.kbuf, &s.ts);
     }
-    return true;
   };
   const auto fix_ts = [&](unsigned long long ts) -> uint64_t {
     uint64_t t = ts + static_cast<uint64_t>(L.ts_offset);
@@ -429,9 +722,9 @@ Status TraceCmdDat::ReadOwn(KvmPairer* pairer, KvmTepDecoder* decoder) {
     }
     return t;
   };
-  for (Stream& s : streams) {
-    if (!advance(s)) {
-      cleanup();
+  for (size_t i = 0; i < streams.size(); ++i) {
+    if (!pull(i)) {
+      finish();
       return error;
     }
   }
@@ -441,7 +734,7 @@ Status TraceCmdDat::ReadOwn(KvmPairer* pairer, KvmTepDecoder* decoder) {
   const bool use_heap = streams.size() > 16;
   if (use_heap) {
     for (size_t i = 0; i < streams.size(); ++i) {
-      if (streams[i].ev) heap.push_back({streams[i].ts, i});
+      if (heads[i].has) heap.push_back({heads[i].ts, i});
     }
     std::make_heap(heap.begin(), heap.end(), std::greater<>());
   }
@@ -458,63 +751,95 @@ Status TraceCmdDat::ReadOwn(KvmPairer* pairer, KvmTepDecoder* decoder) {
       heap.pop_back();
     } else {
       for (size_t i = 0; i < streams.size(); ++i) {
-        if (streams[i].ev != nullptr &&
-            (best == streams.size() || streams[i].ts < streams[best].ts)) {
+        if (heads[i].has && (best == streams.size() || heads[i].ts < heads[best].ts)) {
           best = i;
         }
       }
       if (best == streams.size()) break;
     }
-    Stream& c = streams[best];
+    Head& c = heads[best];
+    const uint32_t cpu = streams[best]->cpu();
     tep_record r{};
     r.ts = fix_ts(c.ts);
-    r.data = c.ev;
-    r.size = kbuffer_event_size(c.kbuf);
-    r.cpu = static_cast<int>(c.cpu);
+    r.data = const_cast<uint8_t*>(c.data);
+    r.size = static_cast<int>(c.size);
+    r.cpu = static_cast<int>(cpu);
     ++read;
     ++c.count;
     Count(r.data, r.size);
-    if (decoder->Decode(&r, c.cpu, &rec)) {
+    if (decoder->Decode(&r, cpu, &rec)) {
       pairer->Feed(rec);
     } else {
       other.ts = r.ts;
-      other.cpu = c.cpu;
+      other.cpu = cpu;
       pairer->Feed(other);
     }
-    c.ev = kbuffer_next_event(c.kbuf, &c.ts);
-    if (c.ev == nullptr && !advance(c)) {
+    if (!pull(best)) {
       records_read_ = read;
-      cleanup();
+      finish();
       pairer->Finish();
       return error;
     }
-    if (use_heap && c.ev != nullptr) {
+    if (use_heap && c.has) {
       heap.push_back({c.ts, best});
       std::push_heap(heap.begin(), heap.end(), std::greater<>());
     }
   }
   records_read_ = read;
+  finish();
   pairer->Finish();
   // A capture whose CPU data is cut short reads fewer records than the kernel handed to
   // trace-cmd (CPUSTAT "read events"): report where the data stops.
   for (const Layout::CpuStat& st : ParseCpuStats(L.cpustats)) {
     if (!st.has_read_events) continue;
-    for (const Stream& s : streams) {
-      if (L.buffers[s.buffer].name == st.buffer && s.cpu == st.cpu && s.count < st.read_events) {
-        cleanup();
+    for (size_t i = 0; i < streams.size(); ++i) {
+      const StreamCursor& s = *streams[i];
+      if (L.buffers[s.buffer()].name == st.buffer && s.cpu() == st.cpu &&
+          heads[i].count < st.read_events) {
         return Fail(ErrorCode::kCorrupt,
                     fmt::format("{}: offset {}: CPU {} data ends after {} of {} records "
                                 "(truncated or corrupt file)",
-                                path_, s.last_offset, s.cpu, s.count, st.read_events));
+                                path_, s.last_offset(), s.cpu(), heads[i].count, st.read_events));
       }
     }
   }
-  cleanup();
   if (decoder->short_records() != 0) {
     return Fail(ErrorCode::kCorrupt,
                 fmt::format("{}: {} kvm records shorter than their event format (corrupt "
                             "CPU data)",
                             path_, decoder->short_records()));
+  }
+  return {};
+}
+
+Status TraceCmdDat::LoadPagesOnly(uint64_t* pages, uint64_t* checksum) {
+  const Layout& L = *layout_;
+  const StreamCursor::Ctx ctx{&path_, &L, map_, map_size_, 8, false};
+  *pages = 0;
+  *checksum = 0;
+  uint64_t live = 0;
+  for (size_t bi = 0; bi < L.buffers.size(); ++bi) {
+    const Layout::Buffer& b = L.buffers[bi];
+    for (const Layout::CpuData& c : b.cpus) {
+      StreamCursor s(ctx, c.cpu, bi, b.compressed, c.offset, c.size);
+      const uint8_t* p = nullptr;
+      uint64_t off = 0;
+      for (int r; (r = s.NextPage(&p, &off, &live)) != 0;) {
+        if (r < 0) return s.error();
+        ++*pages;
+        // Uncompressed pages are only mapped: read them (a word per cache line) so that the
+        // floor includes bringing them in; a decompressed page was just written.
+        if (!b.compressed) {
+          for (uint32_t i = 0; i + 8 <= L.page_size; i += 64) {
+            uint64_t v;
+            std::memcpy(&v, p + i, 8);
+            *checksum ^= v;
+          }
+        } else {
+          *checksum += p[0];
+        }
+      }
+    }
   }
   return {};
 }

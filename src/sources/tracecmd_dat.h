@@ -10,13 +10,24 @@
 // without bound on corrupt files): every length, offset and count is checked against the
 // real file size before anything is read or allocated. libtraceevent still parses the event
 // format texts (to decode fields); it is first run on them in a child process, so a format
-// it crashes on becomes one error line instead of taking this process down. Ring-buffer
-// pages are checked (commit, every event header) before kbuffer walks them. Compressed CPU
+// it crashes on becomes one error line instead of taking this process down. Compressed CPU
 // data is decompressed one chunk at a time per CPU. Limits: docs/trace-files.md.
 //
-// Records are decoded with KvmTepDecoder straight from the pages: no per-event object is
-// built. Lost events (kbuffer's missed-events count) are passed to the pairer; the per-CPU
-// overrun counts the file carries (CPUSTAT option) are reported in lost_at_record_time().
+// Ring-buffer pages take one of two paths. The fast path (ring_page.h) walks a page itself,
+// bounds-checking every header, and hands each record's bytes to the decoder: no kbuffer
+// call per record, no name lookup, string compare or allocation. Any page it is not sure of
+// (big-endian or 4-byte-long layout, a long record, an absolute time stamp, a discarded
+// record, anything crossing a bound) takes the checked path instead: PageIsSane (commit,
+// every event header) and then libtraceevent's kbuffer. Both give the same records (tested
+// on every committed .dat, fuzzed). With several cores, each CPU stream is read
+// (decompressed and walked) on a thread of its own; the records are merged, decoded and
+// paired on the calling thread in the same order as with one thread, so the result is the
+// same byte for byte.
+//
+// Records are decoded with KvmTepDecoder (field offsets looked up once per event type)
+// straight from the pages: no per-event object is built. Lost events (kbuffer's missed-events
+// count) are passed to the pairer; the per-CPU overrun counts the file carries (CPUSTAT option) are
+// reported in lost_at_record_time().
 #pragma once
 
 #include <cstdint>
@@ -81,6 +92,26 @@ class TraceCmdDat {
   // CPU data chunks (compressed files) or pages (uncompressed) the last ReadAll loaded.
   uint64_t chunks_read() const noexcept { return chunks_read_; }
 
+  // true (default): pages the fast walk is sure of (ring_page.h) are read without kbuffer;
+  // false: every page goes through the checked path (PageIsSane, then kbuffer). The
+  // environment variable EXITSCOPE_DAT_FAST=0 sets false at Open.
+  void set_fast_decode(bool allow) noexcept { allow_fast_ = allow; }
+  // Pages the last ReadAll read by the fast walk and by the checked path.
+  uint64_t fast_pages() const noexcept { return fast_pages_; }
+  uint64_t checked_pages() const noexcept { return checked_pages_; }
+  // Reading threads: 0 (default) one per CPU stream when the host has several cores and the
+  // file several streams and at least 8 MiB of CPU data; 1 one thread; N > 1 one per stream
+  // even on one core (tests). The result is the same either way. EXITSCOPE_DAT_THREADS=N
+  // sets it at Open.
+  void set_read_threads(int n) noexcept { threads_ = n < 0 ? 0 : n; }
+  // Threads the last ReadAll read with (1: this one).
+  int read_threads() const noexcept { return read_threads_; }
+
+  // The floor no reader goes below, for the benchmark (bench/kvm_dat_floor_benchmark.cc):
+  // every CPU data page loaded (chunks decompressed, uncompressed pages read), on this thread,
+  // and nothing else. *pages: how many; *checksum: a value from their bytes.
+  Status LoadPagesOnly(uint64_t* pages, uint64_t* checksum);
+
   struct Layout;  // the parsed file (tracecmd_dat.cc)
 
  private:
@@ -90,6 +121,11 @@ class TraceCmdDat {
   void Count(const void* data, int size) noexcept;
   bool allow_mapped_ = true;
   bool used_mapped_ = false;
+  bool allow_fast_ = true;
+  int threads_ = 0;
+  int read_threads_ = 1;
+  uint64_t fast_pages_ = 0;
+  uint64_t checked_pages_ = 0;
   std::string path_;
   std::unique_ptr<Layout> layout_;
   const uint8_t* map_ = nullptr;

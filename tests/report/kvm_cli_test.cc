@@ -1,5 +1,7 @@
 // `exitscope kvm report` end to end: the binary on the real capture, exit codes and one-line
-// errors for bad input and bad usage. Skips (with the reason) when the binary is not built.
+// errors for bad input and bad usage, and the same report byte for byte whichever way the
+// .dat is read (fast path or checked path, one thread or one per CPU stream). Skips (with the
+// reason) when the binary is not built.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -153,3 +155,31 @@ TEST_F(KvmCli, TraceTrimmedToTimestampsSaysSoInTheInputLine) {
 }
 
 }  // namespace
+
+// The report is the same byte for byte whichever way the .dat is read: the checked path on
+// one thread (EXITSCOPE_DAT_FAST=0, EXITSCOPE_DAT_THREADS=1), the fast path on one thread,
+// and one thread per CPU stream forced on (EXITSCOPE_DAT_THREADS=4), on every committed
+// capture and in the text and JSON formats.
+TEST_F(KvmCli, ReportIsTheSameWithAndWithoutTheFastPathAndThreads) {
+  const std::string data = std::string(EXITSCOPE_TESTDATA_DIR);
+  for (const std::string& dat :
+       {kDat, data + "/kvm-host/joint-blk.dat", data + "/kvm-host/joint-sched.dat"}) {
+    for (const std::string& opts :
+         {std::string(" --percentiles"), std::string(" --format json --event ioport"),
+          std::string(" --event mmio --vcpu 0")}) {
+      SCOPED_TRACE(dat + opts);
+      const std::string args = "kvm report -i " + dat + " --tsc-mhz 2596" + opts;
+      const CmdResult base = exitscope::test::RunShell(
+          "env EXITSCOPE_DAT_FAST=0 EXITSCOPE_DAT_THREADS=1 " + kBin + " " + args);
+      ASSERT_EQ(base.status, 0) << base.out;
+      ASSERT_FALSE(base.out.empty());
+      for (const std::string& env :
+           {std::string("EXITSCOPE_DAT_THREADS=1"), std::string("EXITSCOPE_DAT_THREADS=4"),
+            std::string("EXITSCOPE_DAT_FAST=0 EXITSCOPE_DAT_THREADS=4")}) {
+        const CmdResult got = exitscope::test::RunShell("env " + env + " " + kBin + " " + args);
+        EXPECT_EQ(got.status, 0) << env;
+        EXPECT_EQ(got.out, base.out) << env;
+      }
+    }
+  }
+}

@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "base/histogram.h"
+#include "sources/bpf/bpf_attach.h"
 #include "sources/tracefs_reader.h"
 #include "sources/tracefs_session.h"
 
@@ -241,18 +242,7 @@ struct BpfKvmStat::Impl {
   // Attaches `programs` in order; the first `kvm_programs` links kept in the reverse order
   // when `reverse` (the kvm-run pairing detaches kvm_userspace_exit first).
   Status AttachAll() {
-    for (const auto& [prog, what] : programs) {
-      bpf_link* link = bpf_program__attach(prog);
-      if (link == nullptr) {
-        const int err = errno;
-        for (bpf_link* l : links) bpf_link__destroy(l);
-        links.clear();
-        return Fail(
-            err == EPERM || err == EACCES ? ErrorCode::kPermission : ErrorCode::kUnavailable,
-            fmt::format("cannot attach to {}: {}", what, std::strerror(err)));
-      }
-      links.push_back(link);
-    }
+    if (Status st = AttachPrograms(programs, links); !st) return st;
     if (reverse) std::reverse(links.begin(), links.begin() + static_cast<long>(kvm_programs));
     return {};
   }

@@ -12,6 +12,8 @@
 
 #include <fmt/format.h>
 
+#include "sources/bpf/bpf_attach.h"
+
 #include "sources/bpf/bpf_offcpu_stacks.h"
 
 #include <bpf/bpf.h>
@@ -108,21 +110,7 @@ struct BpfOffCpuStacks::Impl {
                      [](const OffCpuSite& a, const OffCpuSite& b) { return a.off_ns > b.off_ns; });
     return e;
   }
-  Status AttachAll() {
-    for (const auto& [prog, what] : programs) {
-      bpf_link* link = bpf_program__attach(prog);
-      if (link == nullptr) {
-        const int err = errno;
-        for (bpf_link* l : links) bpf_link__destroy(l);
-        links.clear();
-        return Fail(
-            err == EPERM || err == EACCES ? ErrorCode::kPermission : ErrorCode::kUnavailable,
-            fmt::format("cannot attach to {}: {}", what, std::strerror(err)));
-      }
-      links.push_back(link);
-    }
-    return {};
-  }
+  Status AttachAll() { return AttachPrograms(programs, links); }
   ~Impl() {
     for (bpf_link* l : links) bpf_link__destroy(l);
     if (ring) ring_buffer__free(ring);

@@ -125,7 +125,7 @@ TEST_F(InspectTest, BadInputGetsOneLineAndStatus2) {
   std::remove(cut.c_str());
 }
 
-// The dump `make demo` shows without /dev/kvm must stay readable by this exitscope.
+// The C example's shipped dump (the README's tour) must stay readable by this exitscope.
 TEST(InspectShipped, DemoFallbackDumpReads) {
   const std::string path = std::string(EXITSCOPE_TESTDATA_DIR) + "/dumps/c-example.esdump";
   const Output o = RunExitscope("inspect " + path);

@@ -158,7 +158,7 @@ std::vector<uint8_t> Page(uint64_t ts, const std::vector<uint32_t>& words, uint6
   const uint64_t commit = words.size() * 4 | flags;
   std::memcpy(p.data(), &ts, 8);
   std::memcpy(p.data() + 8, &commit, 8);
-  std::memcpy(p.data() + 16, words.data(), words.size() * 4);
+  if (!words.empty()) std::memcpy(p.data() + 16, words.data(), words.size() * 4);
   return p;
 }
 uint32_t Hdr(uint32_t type_len, uint32_t delta) {

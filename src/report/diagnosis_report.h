@@ -2,18 +2,19 @@
 // text report, as the "diagnosis" object of every JSON report, and as the top of the HTML
 // page (docs/diagnosis.md shows one and documents the JSON).
 //
-//   Diagnosis: vCPU 0 lost 68.8 % and vCPU 1 75.0 % of the run, most of it to 23 slow
-//   nvme0.SQ2TDBL write / nvme0.SQ1TDBL write exits of ~300.4 ms, each with an nvme0 I/O in
-//   flight.
-//     run 4.852 s, 2 vCPUs, 2197 exits; slow: the recorder's threshold (20.00 ms)
-//     vCPU 0  lost 3.34 s (68.8 %), 3.32 s of it in 11 slow exits; idle in HLT 802 ms
+//   Diagnosis: vCPU 1 lost 74.8 % and vCPU 0 lost 68.4 % of the run, most of it to 23 slow
+//   nvme0.SQ2TDBL write / nvme0.SQ1TDBL write exits of ~300.33 ms, each with an nvme0 I/O in
+//   flight
+//     run 4.852 s, 2 vCPUs, 2197 exits; slow: the recorder's threshold (20.00 ms) or ...
+//     vCPU 0  lost 3.32 s (68.4 %), 3.31 s of it in slow or stuck exits; idle in HLT 824.95 ms
 //     ...
-//   What took the time, largest first
+//     What took the time, largest first
 //      1. nvme0.SQ2TDBL write, slow: 12 exits, 3.61 s (37.2 % of the run), vCPU 1
-//         typical 300.5 ms, p90 300.9 ms, worst 301.6 ms; first +0.306 s, last +3.937 s
+//         typical 300.33 ms, p90 300.33 ms, worst 301.56 ms; first +0.306 s, last +3.937 s
 //         evidence: an nvme0 I/O in flight through 12 of 12 (typical age at the exit's end ...)
 //         next: exitscope inspect blk.esdump --events --device nvme0
 //
+// (testdata/kvm-host/blk-backend-delay.esdump, docs/diagnosis.md.)
 // At most `max_groups` causes are listed (every slow or open one among them first in rank);
 // the others are one "... N more causes" line. A run with nothing slow and nothing stuck is one
 // line: "Diagnosis: all well: ...".

@@ -1,10 +1,13 @@
-// sources/bpf/bpf_attach.h: attaching a skeleton's programs all or none, shared by the two
-// loaders (bpf_kvm_loader.cc, bpf_offcpu_loader.cc). Only for files built with libbpf.
+// sources/bpf/bpf_attach.h: what the two loaders (bpf_kvm_loader.cc, bpf_offcpu_loader.cc)
+// share: the kernel-BTF precondition and attaching a skeleton's programs all or none. Only for
+// files built with libbpf.
 #pragma once
 
 #include <bpf/libbpf.h>
+#include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -15,6 +18,20 @@
 #include "exitscope/status.h"
 
 namespace exitscope::sources::bpf {
+
+// The programs read their tracepoints through CO-RE: they need the kernel's BTF,
+// /sys/kernel/btf/vmlinux, or the file $EXITSCOPE_KERNEL_BTF names (the tests point it at a
+// missing one to take the no-BTF path on a host that has BTF). kUnavailable, "no kernel BTF
+// (PATH: why)", when it cannot be read.
+inline Status RequireKernelBtf() {
+  const char* env_btf = std::getenv("EXITSCOPE_KERNEL_BTF");
+  const std::string path =
+      env_btf != nullptr && *env_btf != '\0' ? env_btf : "/sys/kernel/btf/vmlinux";
+  if (::access(path.c_str(), R_OK) != 0)
+    return Fail(ErrorCode::kUnavailable,
+                fmt::format("no kernel BTF ({}: {})", path, std::strerror(errno)));
+  return {};
+}
 
 // Attaches `programs` in order, appending each link to `links`. On the first failure every
 // link made so far is destroyed, `links` cleared, and the error names the program ("cannot

@@ -281,15 +281,7 @@ BpfKvmStat::BpfKvmStat(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 BpfKvmStat::~BpfKvmStat() = default;
 
 Result<std::unique_ptr<BpfKvmStat>> BpfKvmStat::Open(const BpfKvmOptions& options) {
-  // $EXITSCOPE_KERNEL_BTF names another file to look for (the tests point it at a missing one
-  // to take the no-BTF path on a host that has BTF).
-  const char* env_btf = std::getenv("EXITSCOPE_KERNEL_BTF");
-  const std::string btf_path =
-      env_btf != nullptr && *env_btf != '\0' ? env_btf : "/sys/kernel/btf/vmlinux";
-  if (::access(btf_path.c_str(), R_OK) != 0) {
-    return Fail(ErrorCode::kUnavailable,
-                fmt::format("no kernel BTF ({}: {})", btf_path, std::strerror(errno)));
-  }
+  if (Status st = RequireKernelBtf(); !st) return Propagate(st);
   auto dir = FindTracefs(options.tracefs_dir);
   if (!dir) return Fail(ErrorCode::kUnavailable, dir.error().message);
   auto tep = TepEvents::Load(*dir, {"kvm"});

@@ -122,15 +122,7 @@ BpfOffCpuStacks::BpfOffCpuStacks(std::unique_ptr<Impl> impl) : impl_(std::move(i
 BpfOffCpuStacks::~BpfOffCpuStacks() = default;
 
 Result<std::unique_ptr<BpfOffCpuStacks>> BpfOffCpuStacks::Open(const BpfOffCpuOptions& options) {
-  // The program reads sched_switch's record through CO-RE: it needs the kernel's BTF.
-  // $EXITSCOPE_KERNEL_BTF names another file to look for, as for BpfKvmStat (the tests).
-  const char* env_btf = std::getenv("EXITSCOPE_KERNEL_BTF");
-  const std::string btf_path =
-      env_btf != nullptr && *env_btf != '\0' ? env_btf : "/sys/kernel/btf/vmlinux";
-  if (::access(btf_path.c_str(), R_OK) != 0) {
-    return Fail(ErrorCode::kUnavailable,
-                fmt::format("no kernel BTF ({}: {})", btf_path, std::strerror(errno)));
-  }
+  if (Status st = RequireKernelBtf(); !st) return Propagate(st);
   libbpf_set_print(QuietPrint);
   auto impl = std::make_unique<Impl>();
   impl->ncpus = std::max(1, libbpf_num_possible_cpus());

@@ -15,7 +15,7 @@ using analysis::DiagnosisEvidence;
 using analysis::DiagnosisGroup;
 using analysis::DiagnosisVcpu;
 
-std::string Pct(double share) {
+std::string ShareText(double share) {
   return fmt::format("{:.1f} %", share * 100.0);
 }
 
@@ -104,7 +104,7 @@ std::string AllWell(const Diagnosis& d) {
       "all well: {} exits{}, none slow, none stuck; the vCPUs spent {} of the run inside exits "
       "({} not counting HLT)",
       d.exits, d.timed ? fmt::format(" over {:.3f} s", d.span_ns / 1e9) : "",
-      vt > 0 ? Pct(std::min(1.0, in / vt)) : "-", vt > 0 ? Pct(std::min(1.0, lost / vt)) : "-");
+      vt > 0 ? ShareText(std::min(1.0, in / vt)) : "-", vt > 0 ? ShareText(std::min(1.0, lost / vt)) : "-");
 }
 
 }  // namespace
@@ -166,7 +166,7 @@ std::string DiagnosisHeadline(const Diagnosis& d, const DiagnosisTextOptions&) {
   const size_t shown = std::min<size_t>(vs.size(), 4);
   for (size_t i = 0; i < shown; ++i) {
     who += i == 0 ? "" : (i + 1 == shown && vs.size() == shown ? " and " : ", ");
-    who += fmt::format("{} lost {}", VcpuName(*vs[i], vm), Pct(vs[i]->share));
+    who += fmt::format("{} lost {}", VcpuName(*vs[i], vm), ShareText(vs[i]->share));
   }
   if (vs.size() > shown) who += fmt::format(" (and {} more vCPUs)", vs.size() - shown);
   // To what: the first slow or open cause, with the causes ranked next to it that share its
@@ -224,7 +224,7 @@ std::string DiagnosisText(const Diagnosis& d, const DiagnosisTextOptions& o) {
   for (size_t i = 0; i < d.vcpus.size() && i < kMaxVcpus; ++i) {
     const DiagnosisVcpu& v = d.vcpus[i];
     out += fmt::format("  {:<7} lost {} ({})", VcpuName(v, vm), FormatDuration(v.lost_ns),
-                       d.span_ns ? Pct(v.share) : "-");
+                       d.span_ns ? ShareText(v.share) : "-");
     if (v.slow_ns)
       out += fmt::format(", {} of it in slow or stuck exits", FormatDuration(v.slow_ns));
     if (v.idle_ns) out += fmt::format("; idle in HLT {}", FormatDuration(v.idle_ns));
@@ -251,7 +251,7 @@ std::string DiagnosisText(const Diagnosis& d, const DiagnosisTextOptions& o) {
     out +=
         fmt::format("  {:>2}. {}{}: {} exit{}, {}{}, {}\n", n, g.cause, Kind(g), g.count,
                     g.count == 1 ? "" : "s", FormatDuration(g.lost_ns),
-                    d.span_ns ? fmt::format(" ({} of the run)", Pct(g.share)) : "", Vcpus(g.vcpus));
+                    d.span_ns ? fmt::format(" ({} of the run)", ShareText(g.share)) : "", Vcpus(g.vcpus));
     if (g.typical_ns || g.worst_ns) {
       out += fmt::format("      typical {}, p90 {}, worst {}", FormatDuration(g.typical_ns),
                          FormatDuration(g.p90_ns), FormatDuration(g.worst_ns));
@@ -267,7 +267,7 @@ std::string DiagnosisText(const Diagnosis& d, const DiagnosisTextOptions& o) {
   if (rest != 0)
     out += fmt::format("  ... {} more cause{}: {} exits, {}{}\n", rest, rest == 1 ? "" : "s",
                        rest_count, FormatDuration(rest_ns),
-                       d.span_ns ? fmt::format(" ({} of the run)", Pct(rest_share)) : "");
+                       d.span_ns ? fmt::format(" ({} of the run)", ShareText(rest_share)) : "");
   if (d.evidence_dropped)
     out += fmt::format(
         "  ({} exits, I/Os or captures beyond the evidence bounds went without evidence)\n",

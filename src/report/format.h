@@ -17,6 +17,11 @@ inline std::string FormatDuration(uint64_t ns) {
   return FormatDurationNs(ns);
 }
 
+// part / whole in percent; 0 when whole is 0.
+inline double PercentOf(uint64_t part, uint64_t whole) {
+  return whole ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0;
+}
+
 // Nanoseconds as microseconds with two decimals ("32004.80"), as perf kvm stat prints.
 std::string FormatUsec(uint64_t ns);
 

@@ -33,7 +33,7 @@ constexpr const char* kHistogramNote =
     "From each row's own histogram (the buckets the analysis keeps), merged into 4 bins per "
     "octave: both axes are log scales. Empty bins are gaps.";
 
-std::string Pct(uint64_t part, uint64_t whole) {
+std::string PercentText(uint64_t part, uint64_t whole) {
   return whole ? fmt::format("{:.2f}%", 100.0 * static_cast<double>(part) / whole) : "-";
 }
 
@@ -398,8 +398,8 @@ void KvmSections(html::Page& p, const analysis::KvmAnalysis& a, const KvmReportC
       const LatencyStats& s = r->stats;
       const bool timed = s.count() > 0;
       const auto d = [&](uint64_t ns) { return timed ? FormatDurationNs(ns) : std::string("-"); };
-      tab.rows.push_back({r->key, fmt::format("{}", r->samples()), Pct(r->samples(), g.samples),
-                          timed ? Pct(s.sum(), g.time_ns) : "-", d(s.min()), d(s.max()),
+      tab.rows.push_back({r->key, fmt::format("{}", r->samples()), PercentText(r->samples(), g.samples),
+                          timed ? PercentText(s.sum(), g.time_ns) : "-", d(s.min()), d(s.max()),
                           d(static_cast<uint64_t>(s.mean())),
                           timed ? fmt::format("{:.2f}%", s.RelStdErrPercent()) : "-",
                           d(s.Quantile(0.5)), d(s.Quantile(0.99)), d(s.Quantile(0.999)),

@@ -23,11 +23,11 @@ constexpr const char* kNotSplit =
     "not split out: it is inside the parts (record with `exitscope kvm record -e 'kvm:*' -e "
     "sched:sched_switch` to split it)";
 
-std::string Us(uint64_t ns) {
+std::string UsText(uint64_t ns) {
   return FormatUsec(ns);
 }
 
-std::string Pct(double share) {
+std::string WholePercent(double share) {
   return fmt::format("{:.0f}%", share * 100);
 }
 
@@ -81,12 +81,12 @@ void AppendGroups(std::string& out, const char* title, const std::vector<JointGr
       break;
     }
     const auto pair = [](const JointPart& p) {
-      return fmt::format("{:>8}/{:<8}", Us(p.p50_ns), Us(p.p99_ns));
+      return fmt::format("{:>8}/{:<8}", UsText(p.p50_ns), UsText(p.p99_ns));
     };
     out += fmt::format("  {:<34} {:>6}  {}  {}  {} {}  {}{:>5}/{:<7}\n", g.key, g.count,
                        pair(g.total), pair(g.before), pair(g.handler), pair(g.after),
-                       sched ? pair(g.off_cpu) + "  " : "", Pct(g.handler.share_p50),
-                       Pct(g.handler.share_p99));
+                       sched ? pair(g.off_cpu) + "  " : "", WholePercent(g.handler.share_p50),
+                       WholePercent(g.handler.share_p99));
   }
 }
 
@@ -97,7 +97,7 @@ nlohmann::json PartJson(const JointPart& p) {
           {"share_p99", p.share_p99}};
 }
 
-nlohmann::json GroupsJson(const std::vector<JointGroup>& groups, bool sched) {
+nlohmann::json JointGroupsJson(const std::vector<JointGroup>& groups, bool sched) {
   nlohmann::json arr = nlohmann::json::array();
   for (const JointGroup& g : groups) {
     nlohmann::json row = {{"key", g.key},
@@ -198,9 +198,9 @@ std::string RenderJointTable(const JointView& v, const JointRenderOptions& o) {
   for (const JointExit& j : slow) {
     out += fmt::format(
         "  {:>10.6f} {:>4} {:>7}  {:<30} {:>10} {:>10} {:>10} {:>10}{}\n",
-        static_cast<double>(j.kernel_start_ns) / 1e9, j.vcpu, j.tid, ExitName(j), Us(j.kernel_ns),
-        Us(j.before_ns), Us(j.handler_ns), Us(j.after_ns),
-        sched ? fmt::format(" {:>10} {:>10}", Us(j.off_cpu_ns), Us(j.off_cpu_runnable_ns)) : "");
+        static_cast<double>(j.kernel_start_ns) / 1e9, j.vcpu, j.tid, ExitName(j), UsText(j.kernel_ns),
+        UsText(j.before_ns), UsText(j.handler_ns), UsText(j.after_ns),
+        sched ? fmt::format(" {:>10} {:>10}", UsText(j.off_cpu_ns), UsText(j.off_cpu_runnable_ns)) : "");
   }
 
   const auto unmatched = [&](const char* side, const std::vector<JointUnmatched>& u) {
@@ -265,9 +265,9 @@ std::string RenderJointJson(const JointView& v, const JointRenderOptions& o) {
   joint["sched_switches"] = v.sched_switches;
   if (!sched) joint["not_split"] = {{"not_running", kNotSplit}};
   const analysis::JointGroups g = analysis::GroupJointExits(v.matched);
-  joint["by_kind"] = GroupsJson(g.by_kind, sched);
-  joint["by_device"] = GroupsJson(g.by_device, sched);
-  joint["by_register"] = GroupsJson(g.by_register, sched);
+  joint["by_kind"] = JointGroupsJson(g.by_kind, sched);
+  joint["by_device"] = JointGroupsJson(g.by_device, sched);
+  joint["by_register"] = JointGroupsJson(g.by_register, sched);
   nlohmann::json slow = nlohmann::json::array();
   for (const JointExit& j : analysis::SlowestJointExits(v.matched, o.slow)) {
     slow.push_back(ExitJson(j, sched));

@@ -20,11 +20,8 @@ using base::LatencyHistogram;
 
 constexpr int kDecodeWidth = 20;  // perf's decode_str_len
 
-double Us(uint64_t ns) {
+double UsecOf(uint64_t ns) {
   return static_cast<double>(ns) / 1e3;
-}
-double Pct(uint64_t part, uint64_t whole) {
-  return whole ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0;
 }
 
 bool AccessClass(analysis::KvmEventClass c) {
@@ -109,11 +106,11 @@ void AppendTable(std::string& out, const KvmAnalysis& a, const KvmGroup& g,
     const bool timed = s.count() != 0;
     out += fmt::format("{:>{}} ", r->key, kDecodeWidth);
     out += fmt::format("{:>10} ", r->samples());
-    out += fmt::format("{:8.2f}% ", Pct(r->samples(), g.samples));
+    out += fmt::format("{:8.2f}% ", PercentOf(r->samples(), g.samples));
     if (timed) {
-      out += fmt::format("{:8.2f}% ", Pct(s.sum(), g.time_ns));
-      out += fmt::format("{:9.2f}us ", Us(s.min()));
-      out += fmt::format("{:9.2f}us ", Us(s.max()));
+      out += fmt::format("{:8.2f}% ", PercentOf(s.sum(), g.time_ns));
+      out += fmt::format("{:9.2f}us ", UsecOf(s.min()));
+      out += fmt::format("{:9.2f}us ", UsecOf(s.max()));
       out += fmt::format("{:9.2f}us ( +-{:7.2f}% )", s.mean() / 1e3, s.RelStdErrPercent());
     } else {
       out += fmt::format("{:>9} {} {} {}  {:>12}", "-", UnknownTime(9), UnknownTime(9),
@@ -121,8 +118,8 @@ void AppendTable(std::string& out, const KvmAnalysis& a, const KvmGroup& g,
     }
     if (opts.percentiles) {
       if (timed) {
-        out += fmt::format("  {:9.2f}us {:9.2f}us {:9.2f}us", Us(s.Quantile(0.5)),
-                           Us(s.Quantile(0.99)), Us(s.Quantile(0.999)));
+        out += fmt::format("  {:9.2f}us {:9.2f}us {:9.2f}us", UsecOf(s.Quantile(0.5)),
+                           UsecOf(s.Quantile(0.99)), UsecOf(s.Quantile(0.999)));
       } else {
         out += fmt::format("  {} {} {}", UnknownTime(9), UnknownTime(9), UnknownTime(9));
       }
@@ -132,7 +129,7 @@ void AppendTable(std::string& out, const KvmAnalysis& a, const KvmGroup& g,
     out += "\n";
   }
   out += fmt::format("\nTotal Samples:{}, Total events handled time:{:.2f}us.\n", g.samples,
-                     Us(g.time_ns));
+                     UsecOf(g.time_ns));
   if (g.untimed != 0) {
     out += fmt::format("({} of the {} samples have no time: see the notes below.)\n", g.untimed,
                        g.samples);
@@ -256,7 +253,7 @@ void AppendCsvRows(std::string& out, std::string_view scope, const analysis::Exi
     out += fmt::format("{},{},{},{},{},{},{:.4f},{},{:.4f},{},{},{:.1f},{:.4f},{},{},{},\n", scope,
                        g.vm >= 0 ? fmt::format("{}", g.vm) : "",
                        g.vcpu >= 0 ? fmt::format("{}", g.vcpu) : "", quote(r->key), quote(r->name),
-                       s.count(), Pct(s.count(), g.samples), s.sum(), Pct(s.sum(), g.time_ns),
+                       s.count(), PercentOf(s.count(), g.samples), s.sum(), PercentOf(s.sum(), g.time_ns),
                        s.min(), s.max(), s.mean(), s.RelStdErrPercent(), s.Quantile(0.5),
                        s.Quantile(0.99), s.Quantile(0.999));
   }
@@ -290,7 +287,7 @@ std::string RenderKvmHistogram(const KvmRow& row, int bar_width) {
         peak ? static_cast<int>((bins[i] * static_cast<uint64_t>(bar_width) + peak - 1) / peak) : 0;
     out += fmt::format("  {:>10} - {:<10} |{:<{}}| {:>10} {:6.2f}%\n", FormatDurationNs(from),
                        FormatDurationNs(to), std::string(static_cast<size_t>(len), '#'), bar_width,
-                       bins[i], Pct(bins[i], h.count()));
+                       bins[i], PercentOf(bins[i], h.count()));
   }
   return out;
 }

@@ -2,14 +2,9 @@
 
 #include <bit>
 
+#include "report/format.h"
+
 namespace exitscope::report {
-namespace {
-
-double Pct(uint64_t part, uint64_t whole) {
-  return whole ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0;
-}
-
-}  // namespace
 
 nlohmann::json RowJson(const analysis::ExitRow& r, const analysis::ExitTable& g, bool histogram) {
   using base::LatencyHistogram;
@@ -20,7 +15,7 @@ nlohmann::json RowJson(const analysis::ExitRow& r, const analysis::ExitTable& g,
       {"key", r.key},
       {"name", r.name},
       {"samples", r.samples()},
-      {"samples_pct", Pct(r.samples(), g.samples)},
+      {"samples_pct", PercentOf(r.samples(), g.samples)},
       {"count", s.count()},
       {"timed_samples", s.count()},
       {"untimed_samples", r.untimed},
@@ -28,7 +23,7 @@ nlohmann::json RowJson(const analysis::ExitRow& r, const analysis::ExitTable& g,
       {"in_kernel", r.in_kernel},
       {"time_ns", s.sum()},
       {"total_ns", s.sum()},
-      {"time_pct", Pct(s.sum(), g.time_ns)},
+      {"time_pct", PercentOf(s.sum(), g.time_ns)},
       {"min_ns", t(s.min())},
       {"max_ns", t(s.max())},
       {"mean_ns", t(s.mean())},

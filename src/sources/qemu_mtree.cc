@@ -39,7 +39,7 @@ bool IsHex16(std::string_view s) noexcept {
 }
 
 // A quoted excerpt of a bad line for an error message.
-std::string Excerpt(std::string_view line) {
+std::string QuotedExcerpt(std::string_view line) {
   std::string s(line.substr(0, 60));
   for (char& c : s) {
     if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
@@ -164,7 +164,7 @@ Result<std::vector<QemuFlatView>> ParseQemuMtreeFlat(std::string_view text,
     const auto fail = [&](const std::string& why) {
       return Fail(ErrorCode::kInvalidArgument,
                   fmt::format("{}:{}: {} in QEMU's `info mtree -f` output: {}", origin, line_no,
-                              why, Excerpt(line)));
+                              why, QuotedExcerpt(line)));
     };
     // The monitor's prompt: "(qemu) info mtree -f" before the tree, "(qemu)" after it.
     if (StartsWith(line, "(qemu)")) {

@@ -1,15 +1,18 @@
 // sources/bpf/bpf_attach.h: what the two loaders (bpf_kvm_loader.cc, bpf_offcpu_loader.cc)
-// share: the kernel-BTF precondition and attaching a skeleton's programs all or none. Only for
-// files built with libbpf.
+// share: libbpf's quiet message callback, the kernel-BTF precondition and attaching a
+// skeleton's programs all or none. Only for files built with libbpf.
 #pragma once
 
 #include <bpf/libbpf.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdarg>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -18,6 +21,27 @@
 #include "exitscope/status.h"
 
 namespace exitscope::sources::bpf {
+
+// libbpf's messages: nothing is printed; this thread's last warning is kept for the one-line
+// error (LibbpfMessage). libbpf_set_print is process-wide, so both loaders set this one.
+inline thread_local std::string g_libbpf_message;
+inline int KeepLibbpfMessage(enum libbpf_print_level level, const char* fmt, va_list args) {
+  if (level == LIBBPF_DEBUG) return 0;
+  char buf[512];
+  std::vsnprintf(buf, sizeof buf, fmt, args);
+  std::string_view line(buf);
+  while (!line.empty() && (line.back() == '\n' || line.back() == ' ')) line.remove_suffix(1);
+  if (!line.empty()) g_libbpf_message = std::string(line);
+  return 0;
+}
+inline void QuietLibbpf() {
+  libbpf_set_print(KeepLibbpfMessage);
+  g_libbpf_message.clear();
+}
+// libbpf's last warning on this thread since QuietLibbpf, or strerror(err) when it said none.
+inline std::string LibbpfMessage(int err) {
+  return g_libbpf_message.empty() ? std::strerror(err) : g_libbpf_message;
+}
 
 // The programs read their tracepoints through CO-RE: they need the kernel's BTF,
 // /sys/kernel/btf/vmlinux, or the file $EXITSCOPE_KERNEL_BTF names (the tests point it at a

@@ -82,18 +82,6 @@ bool BpfKvmStatBuilt() noexcept {
 
 namespace {
 
-// libbpf's messages: the last warning is kept for the one-line error, nothing is printed.
-thread_local std::string g_last_libbpf_message;
-int QuietPrint(enum libbpf_print_level level, const char* fmt, va_list args) {
-  if (level == LIBBPF_DEBUG) return 0;
-  char buf[512];
-  std::vsnprintf(buf, sizeof buf, fmt, args);
-  std::string_view line(buf);
-  while (!line.empty() && (line.back() == '\n' || line.back() == ' ')) line.remove_suffix(1);
-  if (!line.empty()) g_last_libbpf_message = std::string(line);
-  return 0;
-}
-
 bpf_program* ProgramFor(kvm_stat_bpf* skel, int event) {
   bpf_program* const progs[KS_EV_COUNT] = {
       skel->progs.ks_kvm_exit,
@@ -314,7 +302,7 @@ Result<std::unique_ptr<BpfKvmStat>> BpfKvmStat::Open(const BpfKvmOptions& option
                 "no kvm_exit and no kvm_userspace_exit tracepoint: nothing to pair");
   }
 
-  libbpf_set_print(QuietPrint);
+  QuietLibbpf();
   // Which events can use tp_btf here.
   bool btf_ok[KS_EV_COUNT] = {};
   std::string btf_why;
@@ -372,7 +360,7 @@ Result<std::unique_ptr<BpfKvmStat>> BpfKvmStat::Open(const BpfKvmOptions& option
   // pairing's with tp_btf where `use_btf`; 0 or the load's error.
   auto load = [&](bool use_btf, bool run) -> int {
     if (impl->skel != nullptr) kvm_stat_bpf__destroy(impl->skel);
-    g_last_libbpf_message.clear();
+    g_libbpf_message.clear();
     impl->skel = kvm_stat_bpf__open();
     if (impl->skel == nullptr) return -errno;
     std::memcpy(const_cast<ks_config*>(&impl->skel->rodata->cfg), &cfg, sizeof cfg);
@@ -389,24 +377,20 @@ Result<std::unique_ptr<BpfKvmStat>> BpfKvmStat::Open(const BpfKvmOptions& option
   bool use_btf = options.attach != BpfAttach::kTracepoint;
   int err = load(use_btf, run);
   if (err != 0 && run && options.pairing == BpfPairing::kAuto && -err != EPERM && -err != EACCES) {
-    run_why =
-        fmt::format("kernel refused its program: {}",
-                    g_last_libbpf_message.empty() ? std::strerror(-err) : g_last_libbpf_message);
+    run_why = fmt::format("kernel refused its program: {}", LibbpfMessage(-err));
     run = false;
     err = load(use_btf, false);
   }
   if (err != 0 && !run && use_btf && options.attach == BpfAttach::kAuto && -err != EPERM &&
       -err != EACCES) {
-    btf_why =
-        fmt::format("tp_btf refused: {}",
-                    g_last_libbpf_message.empty() ? std::strerror(-err) : g_last_libbpf_message);
+    btf_why = fmt::format("tp_btf refused: {}", LibbpfMessage(-err));
     use_btf = false;
     err = load(false, false);
   }
   if (err != 0) {
     const int e = -err;
     const bool perm = e == EPERM || e == EACCES;
-    std::string why = g_last_libbpf_message.empty() ? std::strerror(e) : g_last_libbpf_message;
+    std::string why = LibbpfMessage(e);
     return Fail(perm ? ErrorCode::kPermission : ErrorCode::kUnavailable,
                 fmt::format("the kernel refused the BPF program ({}): {}", std::strerror(e), why));
   }

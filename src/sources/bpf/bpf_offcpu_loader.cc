@@ -25,10 +25,6 @@ namespace exitscope::sources::bpf {
 
 namespace {
 
-int QuietPrint(libbpf_print_level, const char*, va_list) {
-  return 0;
-}
-
 uint64_t MonotonicNs() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -123,7 +119,7 @@ BpfOffCpuStacks::~BpfOffCpuStacks() = default;
 
 Result<std::unique_ptr<BpfOffCpuStacks>> BpfOffCpuStacks::Open(const BpfOffCpuOptions& options) {
   if (Status st = RequireKernelBtf(); !st) return Propagate(st);
-  libbpf_set_print(QuietPrint);
+  QuietLibbpf();
   auto impl = std::make_unique<Impl>();
   impl->ncpus = std::max(1, libbpf_num_possible_cpus());
   impl->skel = offcpu_stacks_bpf__open();
@@ -142,7 +138,8 @@ Result<std::unique_ptr<BpfOffCpuStacks>> BpfOffCpuStacks::Open(const BpfOffCpuOp
     const int e = -err;
     const bool perm = e == EPERM || e == EACCES;
     return Fail(perm ? ErrorCode::kPermission : ErrorCode::kUnavailable,
-                fmt::format("the kernel refused the stacks program: {}", std::strerror(e)));
+                fmt::format("the kernel refused the stacks program ({}): {}", std::strerror(e),
+                            LibbpfMessage(e)));
   }
   impl->ring = ring_buffer__new(
       bpf_map__fd(impl->skel->maps.os_ended),

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "report/format.h"
+#include "report/offcpu_report.h"
 #include "report/row_json.h"
 #include "sources/kvm_trace.h"
 
@@ -310,6 +311,7 @@ std::string RenderKvmTable(const KvmAnalysis& a, const KvmReportContext& ctx,
     for (const auto& g : a.per_vcpu) AppendTable(out, a, *g, ctx, opts);
   }
   AppendFooter(out, a, ctx, opts);
+  if (ctx.offcpu != nullptr) out += OffCpuSectionText(*ctx.offcpu);
   return out;
 }
 
@@ -373,6 +375,15 @@ std::string RenderKvmJson(const KvmAnalysis& a, const KvmReportContext& ctx,
                      {"register", e.reg}});
     }
     j["slow_exits"] = std::move(arr);
+  }
+  if (ctx.offcpu != nullptr) {
+    nlohmann::json arr = nlohmann::json::array();
+    for (const analysis::OffCpuSlowExit& e : ctx.offcpu->exits()) arr.push_back(OffCpuExitJson(e));
+    j["kernel_slow_exits"] = std::move(arr);
+    j["kernel_slow_exits_seen"] = ctx.offcpu->seen();
+    j["kernel_slow_exits_left_out"] = ctx.offcpu->left_out();
+    j["kernel_slow_ns"] = ctx.offcpu->options().slow_ns;
+    j["symbolizer_notes"] = ctx.offcpu->notes();
   }
   if (const sources::KvmPairingStats* p = ctx.pairing) {
     nlohmann::json rec = nlohmann::json::object();

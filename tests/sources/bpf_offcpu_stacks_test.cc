@@ -7,12 +7,14 @@
 #include <fcntl.h>
 #include <sys/ioctl.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <string>
 #include <thread>
@@ -357,6 +359,75 @@ TEST(OffCpuSymbolizer, UnresolvableFramesAreMarkedWithWhyOnce) {
   }));
   sym.Resolve(static_cast<uint32_t>(::getpid()), 1, site);  // the same causes: no new notes
   EXPECT_EQ(sym.notes(), notes);
+}
+
+// The child of SecondProcessReusesFramesByBuildId (disabled: only that test runs it): this
+// test binary run again (its own address layout), writing where OffCpuBlockedReader is to
+// fd 3 and waiting for its stdin to close.
+TEST(OffCpuSymbolizerChild, DISABLED_WritesAnAddressAndWaits) {
+  if (std::getenv("EXITSCOPE_OFFCPU_CHILD") == nullptr) GTEST_SKIP() << "run by the test below";
+  ::dprintf(3, "%llx\n",
+            static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(&OffCpuBlockedReader)));
+  char c;
+  while (::read(0, &c, 1) > 0) {
+  }
+}
+
+// Two processes of one binary: the second one's frames come from the build-id cache, without
+// a libdw session of its own, and are the same frames.
+TEST(OffCpuSymbolizer, SecondProcessReusesFramesByBuildId) {
+  int in[2], out[2];
+  ASSERT_EQ(::pipe(in), 0);
+  ASSERT_EQ(::pipe(out), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(in[1]);  // else its stdin never ends
+    ::close(out[0]);
+    ::dup2(in[0], 0);
+    ::dup2(out[1], 3);
+    const int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, 1);
+    ::setenv("EXITSCOPE_OFFCPU_CHILD", "1", 1);
+    ::execl("/proc/self/exe", "child", "--gtest_filter=OffCpuSymbolizerChild.*",
+            "--gtest_also_run_disabled_tests", nullptr);
+    ::_exit(127);
+  }
+  ::close(in[0]);
+  ::close(out[1]);
+  std::string addr;
+  char c;
+  while (::read(out[0], &c, 1) == 1 && c != '\n') addr += c;
+  const uint64_t theirs = std::strtoull(addr.c_str(), nullptr, 16);
+  const uint64_t ours = reinterpret_cast<uintptr_t>(&OffCpuBlockedReader);
+
+  OffCpuSymbolizer sym;
+  OffCpuSite site;
+  site.switches = 1;
+  site.user = {ours + 4};
+  const ThreadStack a = sym.Resolve(static_cast<uint32_t>(::getpid()), 1, site);
+  site.user = {theirs + 4};
+  const ThreadStack b = sym.Resolve(static_cast<uint32_t>(child), 1, site);
+  ::close(in[1]);  // the child ends
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  ::close(out[0]);
+
+  ASSERT_NE(theirs, 0u) << "the child printed no address: '" << addr << "'";
+  ASSERT_EQ(a.user.size(), 1u);
+  ASSERT_EQ(b.user.size(), 1u);
+  EXPECT_NE(a.user[0].function.find("OffCpuBlockedReader"), std::string::npos)
+      << FormatFrame(a.user[0]);
+  const OffCpuSymbolizer::CacheStats& st = sym.cache_stats();
+  EXPECT_EQ(st.build_id_misses, 1u);
+  EXPECT_EQ(st.build_id_hits, 1u) << "does this test binary have a build-id?";
+  EXPECT_EQ(st.libdw_sessions, 1u);  // only this process's: the child's frames were cached
+  EXPECT_EQ(b.user[0].ip, theirs + 4);
+  StackFrame same = b.user[0];
+  same.ip = a.user[0].ip;
+  EXPECT_EQ(same, a.user[0]) << FormatFrame(a.user[0]) << " vs " << FormatFrame(b.user[0]);
+  std::printf("this process: %s\nthe child (0x%llx): %s\n", FormatFrame(a.user[0]).c_str(),
+              static_cast<unsigned long long>(theirs), FormatFrame(b.user[0]).c_str());
 }
 
 // The bound of the final report: the slowest kept, slowest first, the others counted.

@@ -488,6 +488,7 @@ void TimelineWriter::OnFinding(const Finding& f) {
 }
 
 void TimelineWriter::DrawOffCpuExits(const analysis::OffCpuSlowExits& s) {
+  offcpu_drawn_ = true;
   std::vector<const analysis::OffCpuSlowExit*> order;
   for (const analysis::OffCpuSlowExit& x : s.exits()) order.push_back(&x);
   std::sort(order.begin(), order.end(), [](const auto* a, const auto* b) {
@@ -595,6 +596,10 @@ Status TimelineWriter::Finish(uint64_t end_ns) {
     buf_ += ':';
     AppendJsonString(buf_, v);
     buf_ += ',';
+  }
+  if (offcpu_drawn_) {
+    fmt::format_to(out, "\"kernel_seen_exits\":\"{}\",\"off_cpu_sites\":\"{}\",",
+                   stats_.offcpu_exits, stats_.offcpu_sites);
   }
   fmt::format_to(out,
                  "\"base_ns\":\"{}\",\"vmm_exits\":\"{}\",\"kernel_exits\":\"{}\","
@@ -742,6 +747,8 @@ Result<TimelineStats> WriteTimeline(const TimelineInputs& in, TimelineOptions o,
   if (in.trace == nullptr && dump == nullptr && in.offcpu != nullptr) {  // kvm stat --stacks
     o.other_data.push_back({"clock", "CLOCK_MONOTONIC ns of this host"});
     o.other_data.push_back({"source", "kvm stat --bpf --stacks: slow exits seen from the kernel"});
+    o.other_data.push_back({"kernel_slow_exits_seen", std::to_string(in.offcpu->seen())});
+    o.other_data.push_back({"kernel_slow_exits_left_out", std::to_string(in.offcpu->left_out())});
     auto out = Create(out_path);
     if (!out) return Propagate(out);
     TimelineWriter w((*out)->f, o);

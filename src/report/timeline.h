@@ -199,8 +199,9 @@ class TimelineWriter : public EventSink {
   std::set<std::pair<uint32_t, uint64_t>> matched_kernel_;
   std::vector<Kept> kept_;
   std::map<uint32_t, uint64_t> quota_;
-  uint64_t drawn_ = 0;  // exit slices admitted
-  std::string name_;    // scratch
+  uint64_t drawn_ = 0;         // exit slices admitted
+  bool offcpu_drawn_ = false;  // DrawOffCpuExits was called: its counts go into otherData
+  std::string name_;           // scratch
 };
 
 // What `exitscope timeline` draws: a dump, a kernel trace, or both (the joint view). The

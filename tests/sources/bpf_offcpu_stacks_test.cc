@@ -334,6 +334,47 @@ TEST(BpfOffCpuStacks, UnmarkedThreadsAreNotCaptured) {
   EXPECT_EQ(s->Counters().captures, 0u);
 }
 
+// `kvm stat --bpf --stacks` end to end (no KVM here: no exit is slow, the section is empty):
+// the final report in each format has it, html and timeline go to -o FILE, stdout stays empty.
+TEST(BpfOffCpuStacks, KvmStatWritesTheFinalReportInEveryFormat) {
+  if (::geteuid() != 0) GTEST_SKIP() << "--bpf not possible here: needs root";
+  const std::string bin = test::ExitscopeBinary();
+  if (::access(bin.c_str(), X_OK) != 0) GTEST_SKIP() << bin << " not built";
+  const std::string dir = ::testing::TempDir();
+  test::Ran t = test::Run({bin, "kvm", "stat", "--bpf", "--stacks", "--duration", "0.2"});
+  if (t.err.find("--bpf not possible here") != std::string::npos) GTEST_SKIP() << t.err;
+  ASSERT_EQ(t.status, 0) << t.err;
+  EXPECT_NE(t.out.find("Slow exits seen from the kernel, with their stacks (20 ms or longer"),
+            std::string::npos)
+      << t.out;
+  test::Ran j =
+      test::Run({bin, "kvm", "stat", "--bpf", "--stacks", "--duration", "0.2", "--format", "json"});
+  ASSERT_EQ(j.status, 0) << j.err;
+  const nlohmann::json doc = nlohmann::json::parse(j.out);  // the final document, one line
+  EXPECT_TRUE(doc["kernel_slow_exits"].is_array()) << j.out;
+  EXPECT_EQ(doc["kernel_slow_ns"], 20'000'000);
+  for (const char* format : {"timeline", "html"}) {
+    const std::string path = dir + "kvm_stat_stacks." + format;
+    test::Ran f = test::Run({bin, "kvm", "stat", "--bpf", "--stacks", "--duration", "0.2",
+                             "--format", format, "-o", path});
+    if (std::string(format) == "html" && !report::HtmlUnavailable().empty()) {
+      EXPECT_EQ(f.status, 1) << f.err;  // this build cannot write HTML, and says so
+      continue;
+    }
+    ASSERT_EQ(f.status, 0) << f.err;
+    EXPECT_EQ(f.out, "");
+    EXPECT_NE(f.err.find("wrote " + path + " (" + format + "): 0 slow exits seen from the kernel"),
+              std::string::npos)
+        << f.err;
+    const std::string body = test::ReadFile(path);
+    if (std::string(format) == "timeline") {
+      EXPECT_TRUE(nlohmann::json::parse(body).contains("traceEvents")) << body;
+    } else {
+      EXPECT_NE(body.find("Slow exits seen from the kernel"), std::string::npos);
+    }
+  }
+}
+
 // The symbolizer marks what it cannot resolve, and says why once.
 TEST(OffCpuSymbolizer, UnresolvableFramesAreMarkedWithWhyOnce) {
   OffCpuSymbolizer sym("/nonexistent/kallsyms");

@@ -327,22 +327,20 @@ nlohmann::json DiagnosisJson(const Diagnosis& d, const DiagnosisTextOptions& o) 
   json causes = json::array(), idle = json::array();
   for (size_t i = 0; i < d.groups.size(); ++i) causes.push_back(group(d.groups[i], i + 1));
   for (size_t i = 0; i < d.idle.size(); ++i) idle.push_back(group(d.idle[i], i + 1));
-  json j = {{"schema", "exitscope.diagnosis.v1"},
-            {"headline", DiagnosisHeadline(d, o)},
-            {"all_well", d.all_well()},
-            {"span_ns", d.span_ns},
-            {"timed", d.timed},
-            {"exits", d.exits},
-            {"slow_exits", d.slow_exits},
-            {"open_exits", d.open_exits},
-            {"slow_rule", o.slow_rule},
-            {"lost_meaning", o.lost_meaning},
-            {"vcpus", std::move(vcpus)},
-            {"causes", std::move(causes)},
-            {"idle", std::move(idle)},
-            {"evidence_dropped", d.evidence_dropped}};
-  if (!o.seen_from_kernel.empty()) j["seen_from_kernel"] = o.seen_from_kernel;
-  return j;
+  return {{"schema", "exitscope.diagnosis.v1"},
+          {"headline", DiagnosisHeadline(d, o)},
+          {"all_well", d.all_well()},
+          {"span_ns", d.span_ns},
+          {"timed", d.timed},
+          {"exits", d.exits},
+          {"slow_exits", d.slow_exits},
+          {"open_exits", d.open_exits},
+          {"slow_rule", o.slow_rule},
+          {"lost_meaning", o.lost_meaning},
+          {"vcpus", std::move(vcpus)},
+          {"causes", std::move(causes)},
+          {"idle", std::move(idle)},
+          {"evidence_dropped", d.evidence_dropped}};
 }
 
 }  // namespace exitscope::report

@@ -40,7 +40,8 @@ struct DiagnosisTextOptions {
                              // handler", "the kernel's exit time"); shown once
   size_t max_groups = 6;
   // One line the command adds under the headline, whatever the causes: `kvm stat --bpf
-  // --stacks`'s slowest exit seen from the kernel, where it blocked (offcpu_report.h).
+  // --stacks`'s slowest exit seen from the kernel, where it blocked (offcpu_report.h). The
+  // text and the page show it; kvm's JSON adds it to its "diagnosis" (RenderKvmJson).
   std::string seen_from_kernel;
 };
 

@@ -326,7 +326,11 @@ std::string RenderKvmJson(const KvmAnalysis& a, const KvmReportContext& ctx,
                 {"tsc_khz", ctx.tsc_khz},
                 {"tsc_khz_from_host", ctx.tsc_khz_from_host}};
   j["event"] = analysis::ToString(a.event);
-  if (ctx.diagnosis != nullptr) j["diagnosis"] = DiagnosisJson(*ctx.diagnosis, ctx.diagnosis_text);
+  if (ctx.diagnosis != nullptr) {
+    j["diagnosis"] = DiagnosisJson(*ctx.diagnosis, ctx.diagnosis_text);
+    if (!ctx.diagnosis_text.seen_from_kernel.empty())  // kvm stat --bpf --stacks
+      j["diagnosis"]["seen_from_kernel"] = ctx.diagnosis_text.seen_from_kernel;
+  }
   j["filters"] = {{"pid", ctx.pid >= 0 ? nlohmann::json(ctx.pid) : nlohmann::json(nullptr)},
                   {"vcpu", ctx.vcpu >= 0 ? nlohmann::json(ctx.vcpu) : nlohmann::json(nullptr)}};
   j["all"] = GroupJson(a.all, opts);

@@ -139,6 +139,9 @@ void RenderedThroughEveryRenderer(const analysis::OffCpuSlowExit& x, const OffCp
   report::KvmModel k{.analysis = &agg.analysis()};
   k.context.input = "live";
   k.context.offcpu = &kept;
+  const analysis::Diagnosis diagnosis{};  // no exits in the maps: only the line below
+  k.context.diagnosis = &diagnosis;
+  k.context.diagnosis_text.seen_from_kernel = report::OffCpuDiagnosisLine(kept);
   const report::ReportModel m{.kvm = &k};
 
   // The diagnosis's line: where it blocked in the kernel, and this test's own frame.
@@ -150,6 +153,7 @@ void RenderedThroughEveryRenderer(const analysis::OffCpuSlowExit& x, const OffCp
 
   auto table = report::RenderText(report::kTableRenderer, m);
   ASSERT_TRUE(table) << table.error().message;
+  EXPECT_NE(table->find("\n  " + line + "\n"), std::string::npos) << *table;  // the diagnosis
   const size_t sec = table->find("Slow exits seen from the kernel, with their stacks");
   ASSERT_NE(sec, std::string::npos) << *table;
   EXPECT_NE(table->find("Slow exit: tid " + std::to_string(x.exit.tid), sec), std::string::npos);
@@ -159,6 +163,7 @@ void RenderedThroughEveryRenderer(const analysis::OffCpuSlowExit& x, const OffCp
   auto json = report::RenderText(report::kJsonRenderer, m);
   ASSERT_TRUE(json) << json.error().message;
   const nlohmann::json j = nlohmann::json::parse(*json);
+  EXPECT_EQ(j["diagnosis"]["seen_from_kernel"], line);
   ASSERT_EQ(j["kernel_slow_exits"].size(), 1u) << *json;
   const nlohmann::json& je = j["kernel_slow_exits"][0];
   EXPECT_EQ(je, report::OffCpuExitJson(x));  // the live line's object
@@ -183,6 +188,7 @@ void RenderedThroughEveryRenderer(const analysis::OffCpuSlowExit& x, const OffCp
     const std::string html = test::ReadFile(html_path);
     EXPECT_NE(html.find("Slow exits seen from the kernel, with their stacks"), std::string::npos);
     EXPECT_NE(html.find("id=\"s-kernel-slow-exits\""), std::string::npos);
+    EXPECT_NE(html.find("slowest exit seen from the kernel: tid "), std::string::npos);
     EXPECT_NE(html.find("pipe_read+"), std::string::npos);
     EXPECT_NE(html.find("OffCpuBlockedReader"), std::string::npos);
     std::printf("HTML page: %s\n", html_path.c_str());

@@ -3,7 +3,8 @@
 //   exitscope kvm stat --bpf [--event ...] [-p PID] [--vcpu N] [-k KEY] [--percentiles]
 //                      [--per-vcpu] [--per-vm] [--histogram] [--format table|json|csv]
 //                      [--device-map FILE] [--pvm-numbering upstream|fork]
-//                      [--duration S] [-d SECS] [--metrics ADDR:PORT] [-- CMD ARGS...]
+//                      [--duration S] [-d SECS] [--metrics ADDR:PORT]
+//                      [--stacks [--slow MS] [--format html|timeline -o FILE]] [-- CMD ARGS...]
 //
 // The program (src/sources/bpf/kvm_stat.bpf.c) pairs the kvm tracepoints per vCPU thread as
 // KvmPairer does and keeps per-key histograms in BPF maps: no event reaches userspace. This
@@ -14,6 +15,9 @@
 // no BTF, no permission, no kvm tracepoints) it says so in one line and streams the same
 // tracepoints from tracefs instead, as `kvm live` does. --metrics serves the maps as
 // Prometheus metrics, read at each scrape (kernel_metrics.h). docs/kvm-bpf.md.
+// --stacks (docs/kvm-stacks.md): slow exits seen from the kernel with their stacks, printed as
+// they end and kept (the slowest, analysis/offcpu_exits.h) for the final report's section;
+// --format html|timeline -o FILE writes only that final report (slow exits on stderr).
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -42,6 +46,7 @@
 #include "fmt/format.h"
 #include "report/format.h"
 #include "report/kvm_report.h"
+#include "report/offcpu_report.h"
 #include "report/renderer.h"
 #include "sources/bpf/bpf_kvm_stat.h"
 #include "sources/bpf/bpf_offcpu_stacks.h"
@@ -69,7 +74,10 @@ struct StatRun {
   double slow_ms = 20;                              // --slow (with --stacks)
   sources::bpf::BpfOffCpuStacks* offcpu = nullptr;  // --stacks: open while RunBpf runs
   std::unique_ptr<sources::bpf::OffCpuSymbolizer> offcpu_sym;
-  size_t offcpu_notes = 0;  // the symbolizer's notes printed so far
+  size_t offcpu_notes = 0;                          // the symbolizer's notes printed so far
+  std::unique_ptr<analysis::OffCpuSlowExits> kept;  // --stacks: for the final report
+  std::string output;                               // -o: the html / timeline file
+  bool file_format = false;                         // --format html | timeline
   analysis::KvmAnalysisOptions aopts;
   report::KvmRenderOptions ropts;
   sources::KvmPairerOptions popts;
@@ -146,23 +154,41 @@ void StopChild(StatRun& run) {
 }
 
 // --stacks: the slow exits that ended since the last call, printed now (text, or one JSON
-// object a line); `stuck`: also the exits in flight, with where their threads are now.
-Status PrintOffCpu(StatRun& run, bool stuck) {
+// object a line; with a file format one line each on stderr) and kept for the final report.
+// `stuck`: also the exits in flight, with where their threads are now (a refresh); `at_end`:
+// those are kept for the final report instead ("Stuck at the end"), not printed.
+Status PrintOffCpu(StatRun& run, bool stuck, bool at_end = false) {
   if (run.offcpu == nullptr) return {};
   const bool json = run.flags.format == "json";
-  auto ended = OffCpuEnded(*run.offcpu, *run.offcpu_sym, json);
+  auto ended = TakeOffCpuEnded(*run.offcpu, *run.offcpu_sym);
   if (!ended) return Propagate(ended);
-  std::string out;
-  for (const std::string& e : *ended) out += e;
+  std::string out, err;
+  for (analysis::OffCpuSlowExit& e : *ended) {
+    if (run.file_format) {
+      err += fmt::format("{}: slow exit: tid {} (pid {}) {}\n", run.self, e.exit.tid, e.exit.tgid,
+                         report::OffCpuExitHeadline(e));
+    } else {
+      out += OffCpuLive(e, json);
+    }
+    run.kept->Add(std::move(e));
+  }
   if (stuck) {
     auto now =
-        OffCpuStuck(*run.offcpu, *run.offcpu_sym, json, static_cast<uint64_t>(run.slow_ms * 1e6));
+        OffCpuStuckNow(*run.offcpu, *run.offcpu_sym, static_cast<uint64_t>(run.slow_ms * 1e6));
     if (!now) return Propagate(now);
-    out += *now;
+    for (analysis::OffCpuSlowExit& e : *now) {
+      if (at_end) {
+        run.kept->Add(std::move(e));
+      } else if (!run.file_format) {
+        out += OffCpuLive(e, json);
+      }
+    }
   }
-  if (!json) out += NewOffCpuNotes(*run.offcpu_sym, &run.offcpu_notes);
+  if (!json && !run.file_format && !at_end)
+    out += NewOffCpuNotes(*run.offcpu_sym, &run.offcpu_notes);
   std::fwrite(out.data(), 1, out.size(), stdout);
   std::fflush(stdout);
+  std::fwrite(err.data(), 1, err.size(), stderr);
   return {};
 }
 
@@ -182,7 +208,7 @@ int RunBpf(StatRun& run, sources::bpf::BpfKvmStat& bpf) {
   int refresh = 0;
   const analysis::KvmAggregator keys(run.aopts);  // the rows' keys, for the diagnosis
   const auto began = std::chrono::steady_clock::now();
-  auto print = [&](const sources::bpf::BpfKvmSnapshot& snap, bool final_one) {
+  auto print = [&](const sources::bpf::BpfKvmSnapshot& snap, bool final_one) -> Status {
     bo.final = final_one;
     analysis::DiagnosisBuilder diag(KvmDiagnosisOptions(keys));
     bo.also = &diag;
@@ -196,7 +222,24 @@ int RunBpf(StatRun& run, sources::bpf::BpfKvmStat& bpf) {
     ctx.diagnosis_text = KvmDiagnosisText(keys, false);
     ctx.diagnosis_text.slow_rule =
         "not told apart: the eBPF maps keep each key's distribution, not single exits";
+    ctx.offcpu = nullptr;
+    if (final_one && run.kept != nullptr) {  // --stacks: the slow exits seen from the kernel
+      run.kept->SetNotes(run.offcpu_sym->notes());
+      ctx.offcpu = run.kept.get();
+      ctx.diagnosis_text.seen_from_kernel = report::OffCpuDiagnosisLine(*run.kept);
+    }
     ++refresh;
+    if (run.file_format) {  // --format html | timeline: only the final report, into -o FILE
+      if (!final_one) return Status{};
+      report::KvmModel k{.analysis = &rows.analysis, .context = ctx, .render = run.ropts};
+      auto r = report::FindRenderer(format, report::Need::kFile);  // validated by the flags
+      if (Status st = report::WriteReport(**r, {.kvm = &k}, run.output); !st) return st;
+      std::fprintf(stderr, "%s: wrote %s (%s): %llu slow exits seen from the kernel%s\n", run.self,
+                   run.output == "-" ? "standard output" : run.output.c_str(), format.c_str(),
+                   static_cast<unsigned long long>(run.kept->seen()),
+                   run.stopped.empty() ? "" : ("; stopped: " + run.stopped).c_str());
+      return Status{};
+    }
     std::string out;
     if (format == "table") {
       out += fmt::format(
@@ -229,6 +272,7 @@ int RunBpf(StatRun& run, sources::bpf::BpfKvmStat& bpf) {
       if (Status st = PrintOffCpu(run, true); !st)
         std::fprintf(stderr, "%s: --stacks: %s\n", run.self, st.error().message.c_str());
     }
+    return Status{};
   };
 
   std::unique_ptr<KernelMetrics> metrics;  // reads the maps at each scrape
@@ -263,13 +307,14 @@ int RunBpf(StatRun& run, sources::bpf::BpfKvmStat& bpf) {
           failure = Propagate(snap);
           return;
         }
-        print(*snap, false);
+        if (Status st = print(*snap, false); !st) failure = st;
       });
   const sources::bpf::BpfKvmStat::RunTime rt = bpf.ProgramRunTime();
   bpf.Detach();
   if (run.offcpu != nullptr && failure) {
-    // The exits that ended, and those still stuck at the end, before CMD is stopped.
-    if (Status st = PrintOffCpu(run, true); !st) failure = st;
+    // The exits that ended, and those still stuck at the end (kept for the final report),
+    // before CMD is stopped.
+    if (Status st = PrintOffCpu(run, true, /*at_end=*/true); !st) failure = st;
     run.offcpu->Detach();
   }
   StopChild(run);
@@ -284,7 +329,7 @@ int RunBpf(StatRun& run, sources::bpf::BpfKvmStat& bpf) {
   if (!failure) return ReportError(run.self, failure.error());
   auto snap = bpf.Read();
   if (!snap) return ReportError(run.self, snap.error());
-  print(*snap, true);
+  if (Status st = print(*snap, true); !st) return ReportError(run.self, st.error());
   return 0;
 }
 
@@ -400,7 +445,11 @@ int KvmStatMain(int argc, char** argv) {
   app.add_flag("--per-vcpu", f.per_vcpu, "add one table per vCPU");
   app.add_flag("--per-vm", f.per_vm, "add one table per VM");
   app.add_flag("--histogram", f.histogram, "log-scale latency histogram per row");
-  app.add_option("--format", f.format, "table | json | csv (json: one document per line)");
+  app.add_option("--format", f.format,
+                 "table | json | csv (json: one document per line); with --stacks also html | "
+                 "timeline, the final report only, into -o FILE");
+  app.add_option("-o,--output", run.output,
+                 "with --format html | timeline: the file of the final report (- is stdout)");
   app.add_option("--device-map", f.device_map,
                  "resolve ports / MMIO addresses: a recorder dump of the VM or a device-map "
                  "text file (docs/kvm.md)");
@@ -451,6 +500,19 @@ int KvmStatMain(int argc, char** argv) {
   if (run.stacks && f.format == "csv") {
     return UsageError(run.self, "--stacks prints with --format table or json, not csv");
   }
+  run.file_format = f.format == "html" || f.format == "timeline";
+  if (run.file_format && !run.stacks) {
+    return UsageError(run.self, fmt::format("--format {} needs --bpf --stacks (the slow exits "
+                                            "seen from the kernel are what it draws)",
+                                            f.format));
+  }
+  if (run.file_format && run.output.empty()) {
+    return UsageError(run.self, fmt::format("--format {} needs -o FILE", f.format));
+  }
+  if (!run.file_format && !run.output.empty()) {
+    return UsageError(run.self, "-o is for --format html or timeline");
+  }
+  f.html_format = run.file_format;  // every format is checked below; the live ones otherwise
   std::unique_ptr<sources::KvmDeviceMap> devices;
   if (int rc = f.Apply(run.self, &run.aopts, &run.ropts, &run.popts, &devices); rc != 0) {
     return rc;
@@ -503,6 +565,8 @@ int KvmStatMain(int argc, char** argv) {
       offcpu = std::move(*o);
       run.offcpu = offcpu.get();
       run.offcpu_sym = std::make_unique<sources::bpf::OffCpuSymbolizer>();
+      run.kept = std::make_unique<analysis::OffCpuSlowExits>(analysis::OffCpuSlowExitsOptions{
+          .max_exits = 1000, .slow_ns = static_cast<uint64_t>(run.slow_ms * 1e6)});
     }
     if (bpf) return RunBpf(run, **bpf);
     std::fprintf(stderr, "%s: --bpf not possible here: %s; streaming from tracefs instead\n",

@@ -212,6 +212,7 @@ std::string DiagnosisHeadline(const Diagnosis& d, const DiagnosisTextOptions&) {
 
 std::string DiagnosisText(const Diagnosis& d, const DiagnosisTextOptions& o) {
   std::string out = fmt::format("Diagnosis: {}\n", DiagnosisHeadline(d, o));
+  if (!o.seen_from_kernel.empty()) out += fmt::format("  {}\n", o.seen_from_kernel);
   if (d.exits == 0 || d.all_well()) return out + "\n";
   const bool vm = SeveralVms(d);
   out += fmt::format("  run {}{} vCPU{}, {} exits",

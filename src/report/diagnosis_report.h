@@ -39,6 +39,10 @@ struct DiagnosisTextOptions {
   std::string lost_meaning;  // how the time was measured ("time inside exits, the VMM's
                              // handler", "the kernel's exit time"); shown once
   size_t max_groups = 6;
+  // One line the command adds under the headline, whatever the causes: `kvm stat --bpf
+  // --stacks`'s slowest exit seen from the kernel, where it blocked (offcpu_report.h). The
+  // text and the page show it; kvm's JSON adds it to its "diagnosis" (RenderKvmJson).
+  std::string seen_from_kernel;
 };
 
 // The one-line answer: "vCPU 0 lost 68.8 % and vCPU 1 75.0 % of the run, most of it to ...",

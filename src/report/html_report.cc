@@ -16,6 +16,7 @@
 #include "report/html_assets.h"
 #include "report/html_report_data.h"
 #include "report/html_report_model.h"
+#include "report/offcpu_report.h"
 
 namespace exitscope::report {
 namespace {
@@ -79,6 +80,8 @@ Section DiagnosisSection(const analysis::Diagnosis& d, const DiagnosisTextOption
                          bool has_timeline) {
   Section sec{"diagnosis", "Diagnosis", {}};
   sec.blocks.push_back(Note{DiagnosisHeadline(d, o), !d.all_well()});
+  if (!o.seen_from_kernel.empty())
+    sec.blocks.push_back(Note{o.seen_from_kernel, false, "#s-kernel-slow-exits"});
   if (d.exits == 0) return sec;
   const auto pct = [&](double share) {
     return d.span_ns ? fmt::format("{:.1f} %", share * 100.0) : std::string("-");
@@ -333,9 +336,54 @@ void JointSections(html::Page& p, const analysis::JointView& v, const JointRende
   p.sections.push_back(std::move(split));
 }
 
+// `kvm stat --bpf --stacks`: the slow exits seen from the kernel, a table, then each exit's
+// stacks behind its own summary as the watchdog findings' are (offcpu_report.h's text).
+Section OffCpuSection(const analysis::OffCpuSlowExits& s, const HtmlPlotOptions& plot) {
+  Section sec{"kernel-slow-exits", "Slow exits seen from the kernel", {}};
+  sec.blocks.push_back(Heading{"Slow exits seen from the kernel, with their stacks"});
+  sec.blocks.push_back(Note{fmt::format(
+      "{} exit{} {} or longer, slowest first{}. A vCPU thread is inside an exit from kvm_exit "
+      "(or kvm_userspace_exit) to its next KVM_RUN; below, where it went off the CPU "
+      "(sched_switch) and for how long.",
+      s.seen(), s.seen() == 1 ? "" : "s", FormatDurationNs(s.options().slow_ns),
+      s.left_out() != 0
+          ? fmt::format(" (the {} slowest kept, {} more counted)", s.exits().size(), s.left_out())
+          : "")});
+  if (s.exits().empty()) return sec;
+  Table tab;
+  tab.columns = {
+      Col("tid"),         Col("pid"),      Key("kind"),       Col("inside"),
+      Col("off the CPU"), Col("switches"), Key("blocked in"), Key("the VMM's own frame")};
+  size_t n = 0;
+  for (const analysis::OffCpuSlowExit& e : s.exits()) {
+    if (n++ == plot.table_rows) break;
+    const ThreadStack* top = e.stacks.empty() ? nullptr : &e.stacks.front();
+    const StackFrame* k = top ? analysis::BlockingKernelFrame(*top) : nullptr;
+    const StackFrame* u = top ? analysis::OwnUserFrame(*top) : nullptr;
+    tab.rows.push_back(
+        {fmt::format("{}", e.exit.tid), fmt::format("{}", e.exit.tgid),
+         analysis::OffCpuKindText(e.exit.kind) + (e.stuck ? " (stuck at the end)" : ""),
+         FormatDurationNs(e.inside_ns()), FormatDurationNs(e.exit.off_ns),
+         fmt::format("{}", e.exit.switches), k ? k->function : "-", u ? u->function : "-"});
+  }
+  sec.blocks.push_back(std::move(tab));
+  n = 0;
+  for (const analysis::OffCpuSlowExit& e : s.exits()) {
+    if (n++ == plot.table_rows) break;
+    sec.blocks.push_back(
+        Details{fmt::format("Stacks of tid {}: {}", e.exit.tid, OffCpuExitHeadline(e)),
+                OffCpuExitText(e, e.stuck ? "Stuck at the end" : "Slow exit")});
+  }
+  if (s.exits().size() > plot.table_rows)
+    sec.blocks.push_back(Note{
+        fmt::format("{} more (--format json lists all kept)", s.exits().size() - plot.table_rows)});
+  for (const std::string& note : s.notes()) sec.blocks.push_back(Note{"note: " + note});
+  return sec;
+}
+
 // kvm report's page: its header, the plots, and the text report's tables.
 void KvmSections(html::Page& p, const analysis::KvmAnalysis& a, const KvmReportContext& ctx,
-                 const KvmRenderOptions& opts, const HtmlExitCollector& exits,
+                 const KvmRenderOptions& opts, const HtmlExitCollector* exits,
                  std::string_view slow_rule, const HtmlPlotOptions& plot) {
   const ExitTable& all = a.all;
   p.meta.push_back({fmt::format(
@@ -365,21 +413,24 @@ void KvmSections(html::Page& p, const analysis::KvmAnalysis& a, const KvmReportC
   }
   // The same exits by the device and the register they touched (resolved with --device-map
   // or --qmp; "unassigned" without one).
-  if (!exits.by_device().rows.empty()) {
+  if (exits != nullptr && !exits->by_device().rows.empty()) {
     hists.blocks.push_back(
         Plot{html::HistogramPlot("hist-device", "Exit duration by device",
-                                 html::RowsOf(exits.by_device()), plot.histogram_series),
+                                 html::RowsOf(exits->by_device()), plot.histogram_series),
              {}});
     hists.blocks.push_back(
         Plot{html::HistogramPlot("hist-register", "Exit duration by register",
-                                 html::RowsOf(exits.by_register()), plot.histogram_series),
+                                 html::RowsOf(exits->by_register()), plot.histogram_series),
              {}});
   }
 
-  html::Timeline t = html::TimelinePlots(exits, plot, slow_rule);
+  // Without the exits one by one (the eBPF maps keep distributions): no timeline.
   Section timeline{"timeline", "Exits over time", {}};
-  timeline.blocks.push_back(Plot{std::move(t.chart), std::move(t.note)});
-  timeline.blocks.push_back(Plot{std::move(t.rate), {}});
+  if (exits != nullptr) {
+    html::Timeline t = html::TimelinePlots(*exits, plot, slow_rule);
+    timeline.blocks.push_back(Plot{std::move(t.chart), std::move(t.note)});
+    timeline.blocks.push_back(Plot{std::move(t.rate), {}});
+  }
 
   Section tables{"tables", "Tables", {}};
   const auto table = [&](const ExitTable& g) {
@@ -419,7 +470,8 @@ void KvmSections(html::Page& p, const analysis::KvmAnalysis& a, const KvmReportC
   tables.blocks.push_back(
       Details{"The text report (exitscope kvm report)", RenderKvmTable(a, ctx, opts)});
   p.sections.push_back(std::move(hists));
-  p.sections.push_back(std::move(timeline));
+  if (exits != nullptr) p.sections.push_back(std::move(timeline));
+  if (ctx.offcpu != nullptr) p.sections.push_back(OffCpuSection(*ctx.offcpu, plot));
   p.sections.push_back(std::move(tables));
 }
 
@@ -463,12 +515,14 @@ std::string RenderJointHtml(const Dump& dump, const analysis::JointView& view,
 }
 
 std::string RenderKvmHtml(const analysis::KvmAnalysis& a, const KvmReportContext& ctx,
-                          const KvmRenderOptions& opts, const HtmlExitCollector& exits,
+                          const KvmRenderOptions& opts, const HtmlExitCollector* exits,
                           std::string_view slow_rule, const HtmlPlotOptions& plot) {
   html::Page p;
-  p.title = fmt::format("exitscope kvm report: {}", ctx.input);
+  p.title =
+      fmt::format("exitscope {}: {}",
+                  ctx.offcpu != nullptr ? "kvm stat --bpf --stacks" : "kvm report", ctx.input);
   if (ctx.diagnosis != nullptr)
-    p.sections.push_back(DiagnosisSection(*ctx.diagnosis, ctx.diagnosis_text, true));
+    p.sections.push_back(DiagnosisSection(*ctx.diagnosis, ctx.diagnosis_text, exits != nullptr));
   KvmSections(p, a, ctx, opts, exits, slow_rule, plot);
   return html::RenderPage(p);
 }

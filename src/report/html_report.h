@@ -116,9 +116,11 @@ std::string RenderJointHtml(const Dump& dump, const analysis::JointView& view,
                             const JointRenderOptions& o, const HtmlPlotOptions& plot = {});
 
 // `kvm report --format html`: `exits` is the collector the pairer's events were teed into
-// beside the aggregator; `slow_rule` says in words what made an exit slow there.
+// beside the aggregator; `slow_rule` says in words what made an exit slow there. `kvm stat
+// --bpf --stacks`: no exits one by one (null: no timeline plot), ctx.offcpu's slow exits seen
+// from the kernel as a section.
 std::string RenderKvmHtml(const analysis::KvmAnalysis& a, const KvmReportContext& ctx,
-                          const KvmRenderOptions& opts, const HtmlExitCollector& exits,
+                          const KvmRenderOptions& opts, const HtmlExitCollector* exits,
                           std::string_view slow_rule, const HtmlPlotOptions& plot = {});
 
 }  // namespace exitscope::report

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "report/format.h"
+#include "report/offcpu_report.h"
 #include "report/row_json.h"
 #include "sources/kvm_trace.h"
 
@@ -307,6 +308,7 @@ std::string RenderKvmTable(const KvmAnalysis& a, const KvmReportContext& ctx,
     for (const auto& g : a.per_vcpu) AppendTable(out, a, *g, ctx, opts);
   }
   AppendFooter(out, a, ctx, opts);
+  if (ctx.offcpu != nullptr) out += OffCpuSectionText(*ctx.offcpu);
   return out;
 }
 
@@ -321,7 +323,11 @@ std::string RenderKvmJson(const KvmAnalysis& a, const KvmReportContext& ctx,
                 {"tsc_khz", ctx.tsc_khz},
                 {"tsc_khz_from_host", ctx.tsc_khz_from_host}};
   j["event"] = analysis::ToString(a.event);
-  if (ctx.diagnosis != nullptr) j["diagnosis"] = DiagnosisJson(*ctx.diagnosis, ctx.diagnosis_text);
+  if (ctx.diagnosis != nullptr) {
+    j["diagnosis"] = DiagnosisJson(*ctx.diagnosis, ctx.diagnosis_text);
+    if (!ctx.diagnosis_text.seen_from_kernel.empty())  // kvm stat --bpf --stacks
+      j["diagnosis"]["seen_from_kernel"] = ctx.diagnosis_text.seen_from_kernel;
+  }
   j["filters"] = {{"pid", ctx.pid >= 0 ? nlohmann::json(ctx.pid) : nlohmann::json(nullptr)},
                   {"vcpu", ctx.vcpu >= 0 ? nlohmann::json(ctx.vcpu) : nlohmann::json(nullptr)}};
   j["all"] = GroupJson(a.all, opts);
@@ -370,6 +376,15 @@ std::string RenderKvmJson(const KvmAnalysis& a, const KvmReportContext& ctx,
                      {"register", e.reg}});
     }
     j["slow_exits"] = std::move(arr);
+  }
+  if (ctx.offcpu != nullptr) {
+    nlohmann::json arr = nlohmann::json::array();
+    for (const analysis::OffCpuSlowExit& e : ctx.offcpu->exits()) arr.push_back(OffCpuExitJson(e));
+    j["kernel_slow_exits"] = std::move(arr);
+    j["kernel_slow_exits_seen"] = ctx.offcpu->seen();
+    j["kernel_slow_exits_left_out"] = ctx.offcpu->left_out();
+    j["kernel_slow_ns"] = ctx.offcpu->options().slow_ns;
+    j["symbolizer_notes"] = ctx.offcpu->notes();
   }
   if (const sources::KvmPairingStats* p = ctx.pairing) {
     nlohmann::json rec = nlohmann::json::object();

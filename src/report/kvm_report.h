@@ -15,6 +15,7 @@
 
 #include "analysis/diagnosis.h"
 #include "analysis/kvm_stats.h"
+#include "analysis/offcpu_exits.h"
 #include "report/diagnosis_report.h"
 #include "sources/kvm_pairing.h"
 
@@ -36,6 +37,9 @@ struct KvmReportContext {
   // none).
   const analysis::Diagnosis* diagnosis = nullptr;
   DiagnosisTextOptions diagnosis_text{};
+  // `kvm stat --bpf --stacks`: the slow exits seen from the kernel, with their stacks (table:
+  // a section, JSON: "kernel_slow_exits", HTML: a section); null: none.
+  const analysis::OffCpuSlowExits* offcpu = nullptr;
 };
 
 struct KvmRenderOptions {

@@ -18,10 +18,10 @@ Result<std::string> Html(const ReportModel& m) {
         return RenderExitHealthHtml(*h.dump, h.options);
       },
       [](const KvmModel& k) -> Result<std::string> {
-        if (k.exits == nullptr) {
+        if (k.exits == nullptr && k.context.offcpu == nullptr) {
           return Fail(ErrorCode::kInvalidArgument, "--format html: not for a live report");
         }
-        return RenderKvmHtml(*k.analysis, k.context, k.render, *k.exits, k.slow_rule);
+        return RenderKvmHtml(*k.analysis, k.context, k.render, k.exits, k.slow_rule);
       },
       [](const JointModel& j) -> Result<std::string> {
         return RenderJointHtml(*j.dump, *j.view, j.options);

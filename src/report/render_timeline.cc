@@ -8,6 +8,8 @@ namespace {
 Status Timeline(const ReportModel& m, const std::string& path) {
   TimelineInputs in = m.timeline;
   if (m.joint != nullptr) in.joint = m.joint->view;
+  if (m.kvm != nullptr && in.dump == nullptr && in.trace == nullptr)
+    in.offcpu = m.kvm->context.offcpu;  // kvm stat --bpf --stacks
   auto st = WriteTimeline(in, m.timeline_options, path.empty() ? "-" : path);
   if (!st) return Propagate(st);
   return {};

@@ -487,6 +487,72 @@ void TimelineWriter::OnFinding(const Finding& f) {
   CloseArgs();
 }
 
+void TimelineWriter::DrawOffCpuExits(const analysis::OffCpuSlowExits& s) {
+  offcpu_drawn_ = true;
+  std::vector<const analysis::OffCpuSlowExit*> order;
+  for (const analysis::OffCpuSlowExit& x : s.exits()) order.push_back(&x);
+  std::sort(order.begin(), order.end(), [](const auto* a, const auto* b) {
+    return std::tie(a->exit.tgid, a->exit.tid, a->exit.start_ns) <
+           std::tie(b->exit.tgid, b->exit.tid, b->exit.start_ns);
+  });
+  const auto frames = [&](std::string_view key, const std::vector<StackFrame>& fs) {
+    buf_ += '"';
+    buf_ += key;
+    buf_ += "\":[";
+    for (size_t i = 0; i < fs.size(); ++i) {
+      if (i) buf_ += ',';
+      AppendJsonString(buf_, FormatFrame(fs[i]));
+    }
+    buf_ += "],";
+  };
+  for (const analysis::OffCpuSlowExit* x : order) {
+    const sources::bpf::OffCpuExit& e = x->exit;
+    if (!track_names_.count(TrackKey(e.tgid, e.tid)))  // before Admit writes the track
+      NameTrack(e.tgid, e.tid, fmt::format("thread {}", e.tid));
+    if (!Admit(e.tgid, e.tid, e.start_ns, x->inside_ns())) continue;
+    Track& t = TrackOf(e.tgid, e.tid);
+    uint64_t start = e.start_ns, dur = x->inside_ns();
+    const uint64_t clamped = Clamp(t, &start, &dur);
+    Slice(
+        e.tgid, e.tid, start, dur,
+        fmt::format("{} exit ({})", x->stuck ? "stuck" : "slow", analysis::OffCpuKindText(e.kind)),
+        "kernel-seen");
+    fmt::format_to(std::back_inserter(buf_),
+                   "\"inside_ns\":{},\"off_cpu_ns\":{},\"switches\":{},\"stack_drops\":{},"
+                   "\"other_off_cpu_ns\":{},\"other_switches\":{},\"stuck\":{},",
+                   x->inside_ns(), e.off_ns, e.switches, e.stack_drops, e.other_off_ns,
+                   e.other_switches, x->stuck);
+    if (clamped) fmt::format_to(std::back_inserter(buf_), "\"clamped_ns\":{},", clamped);
+    CloseArgs();
+    ++stats_.offcpu_exits;
+    const uint64_t end = start + dur;
+    uint64_t at = start;
+    for (size_t i = 0; i < e.sites.size() && i < x->stacks.size(); ++i) {
+      const sources::bpf::OffCpuSite& site = e.sites[i];
+      const ThreadStack& st = x->stacks[i];
+      const uint64_t d = std::min(site.off_ns, end - at);
+      const StackFrame* k = analysis::BlockingKernelFrame(st);
+      Slice(e.tgid, e.tid, at, d,
+            fmt::format("off the CPU{}", k ? " in " + k->function : std::string()), "off-cpu");
+      fmt::format_to(std::back_inserter(buf_),
+                     "\"off_cpu_ns\":{},\"switches\":{},\"preempted\":{},\"in_progress\":{},"
+                     "\"laid_out\":\"the places one after the other from the exit's start, "
+                     "longest first: the program keeps each one's total, not when\",",
+                     site.off_ns, site.switches, site.preempted, site.in_progress);
+      frames("kernel", st.kernel);
+      frames("user", st.user);
+      if (!st.note.empty()) {
+        buf_ += "\"note\":";
+        AppendJsonString(buf_, st.note);
+        buf_ += ',';
+      }
+      CloseArgs();
+      ++stats_.offcpu_sites;
+      at += d;
+    }
+  }
+}
+
 Status TimelineWriter::Finish(uint64_t end_ns) {
   if (joint_ != nullptr) {
     std::stable_sort(kept_.begin(), kept_.end(), [](const Kept& a, const Kept& b) {
@@ -530,6 +596,10 @@ Status TimelineWriter::Finish(uint64_t end_ns) {
     buf_ += ':';
     AppendJsonString(buf_, v);
     buf_ += ',';
+  }
+  if (offcpu_drawn_) {
+    fmt::format_to(out, "\"kernel_seen_exits\":\"{}\",\"off_cpu_sites\":\"{}\",",
+                   stats_.offcpu_exits, stats_.offcpu_sites);
   }
   fmt::format_to(out,
                  "\"base_ns\":\"{}\",\"vmm_exits\":\"{}\",\"kernel_exits\":\"{}\","
@@ -673,6 +743,22 @@ Result<TimelineStats> WriteTimeline(const TimelineInputs& in, TimelineOptions o,
     o.other_data.push_back({"includes_guest_data", dump->includes_guest_data ? "true" : "false"});
     o.other_data.push_back(
         {"slow_exit_threshold_ns", std::to_string(dump->slow_exit_threshold_ns)});
+  }
+  if (in.trace == nullptr && dump == nullptr && in.offcpu != nullptr) {  // kvm stat --stacks
+    o.other_data.push_back({"clock", "CLOCK_MONOTONIC ns of this host"});
+    o.other_data.push_back({"source", "kvm stat --bpf --stacks: slow exits seen from the kernel"});
+    o.other_data.push_back({"kernel_slow_exits_seen", std::to_string(in.offcpu->seen())});
+    o.other_data.push_back({"kernel_slow_exits_left_out", std::to_string(in.offcpu->left_out())});
+    auto out = Create(out_path);
+    if (!out) return Propagate(out);
+    TimelineWriter w((*out)->f, o);
+    uint64_t first = 0;
+    for (const analysis::OffCpuSlowExit& x : in.offcpu->exits())
+      first = first == 0 ? x.exit.start_ns : std::min(first, x.exit.start_ns);
+    w.SetBase(first);
+    w.DrawOffCpuExits(*in.offcpu);
+    if (Status s = (*out)->Close(Named(w.Finish(0), out_path)); !s) return Propagate(s);
+    return w.stats();
   }
   if (in.trace == nullptr) {  // a dump alone
     if (dump == nullptr) return Fail(ErrorCode::kInvalidArgument, "no input");

@@ -22,6 +22,12 @@
 //   - in the joint view (SetJointView), each matched exit as nested slices: the kernel exit,
 //     inside it "kernel before", the VMM's exit (the handler) and "kernel after", and inside
 //     those the off-CPU spans where the trace recorded sched_switch.
+//   - `kvm stat --bpf --stacks`'s slow exits seen from the kernel (DrawOffCpuExits): one slice
+//     per exit on its thread's track (pid = the VMM, tid = the thread, cat "kernel-seen"),
+//     inside it one slice per place the thread went off the CPU (cat "off-cpu"), its args
+//     the kernel and user frames. The program keeps each place's total time, not when: the
+//     places are laid one after the other from the exit's start, longest first
+//     (args.laid_out says so).
 //
 // Slices on one track never overlap: exits of one vCPU arrive in time order (EventSink's
 // contract) and a slice that starts before the previous one on its track ended is clamped to
@@ -44,6 +50,7 @@
 #include <vector>
 
 #include "analysis/joint_view.h"
+#include "analysis/offcpu_exits.h"
 #include "exitscope/dump.h"
 #include "exitscope/status.h"
 #include "sources/event.h"
@@ -88,7 +95,9 @@ struct TimelineStats {
   uint64_t io_in_flight_at_end = 0;
   uint64_t io_completions_unpaired = 0;  // completions whose submit the capture lacks
   uint64_t instants = 0;
-  uint64_t bytes = 0;  // of the whole file
+  uint64_t offcpu_exits = 0;  // kernel-seen slow exits drawn (DrawOffCpuExits)
+  uint64_t offcpu_sites = 0;  // their off-CPU places drawn inside them
+  uint64_t bytes = 0;         // of the whole file
 };
 
 class TimelineWriter : public EventSink {
@@ -119,6 +128,9 @@ class TimelineWriter : public EventSink {
   // Takes a kernel trace's exits (a KvmPairer's sink): userspace and in-kernel exits alike;
   // kernel accesses (no exit record) and exits of unknown duration are counted, not drawn.
   EventSink* kernel_sink() noexcept { return &kernel_; }
+  // The slow exits seen from the kernel with their off-CPU places (`kvm stat --bpf --stacks`),
+  // in CLOCK_MONOTONIC ns: each thread's track named "thread <tid>" unless named already.
+  void DrawOffCpuExits(const analysis::OffCpuSlowExits& s);
 
   // Draws what the joint view kept, closes the I/Os still in flight at `end_ns`, writes the
   // trailer and flushes. kIo on a write error.
@@ -187,8 +199,9 @@ class TimelineWriter : public EventSink {
   std::set<std::pair<uint32_t, uint64_t>> matched_kernel_;
   std::vector<Kept> kept_;
   std::map<uint32_t, uint64_t> quota_;
-  uint64_t drawn_ = 0;  // exit slices admitted
-  std::string name_;    // scratch
+  uint64_t drawn_ = 0;         // exit slices admitted
+  bool offcpu_drawn_ = false;  // DrawOffCpuExits was called: its counts go into otherData
+  std::string name_;           // scratch
 };
 
 // What `exitscope timeline` draws: a dump, a kernel trace, or both (the joint view). The
@@ -202,6 +215,9 @@ struct TimelineInputs {
   sources::Source* trace = nullptr;
   // A dump and a trace: their joint view (analysis::BuildJointView), required.
   const analysis::JointView* joint = nullptr;
+  // `kvm stat --bpf --stacks`'s slow exits seen from the kernel, alone (no dump, no trace):
+  // ts 0 is the first one's start.
+  const analysis::OffCpuSlowExits* offcpu = nullptr;
 };
 
 // Replays the trace, then writes the timeline to `out_path` ("-": stdout), created only once

@@ -1,5 +1,6 @@
 // One pipeline, every output format: `inspect`, `kvm report` and `run` offer the same five
-// formats (report/renderer.h), `kvm live` and `kvm stat` the live three; an unknown format is
+// formats (report/renderer.h), `kvm live` and `kvm stat` the live three (`kvm stat --bpf
+// --stacks` also html and timeline, for its final report); an unknown format is
 // one line naming the choices; inspect reads a kernel trace and kvm report a dump.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -53,14 +54,21 @@ TEST(Formats, AnUnknownFormatIsOneLineNamingTheSameChoicesEverywhere) {
     EXPECT_EQ(Lines(o.out), 1) << o.out;
     EXPECT_NE(o.out.find(std::string("--format 'xml': ") + kAll), std::string::npos) << o.out;
   }
-  for (const char* cmd : {"kvm live --stop-after 1", "kvm stat --duration 1"}) {
-    SCOPED_TRACE(cmd);
-    const Output o = RunExitscope(std::string(cmd) + " --format html");
-    EXPECT_EQ(o.status, 2) << o.out;
-    EXPECT_EQ(Lines(o.out), 1) << o.out;
-    EXPECT_NE(o.out.find("--format 'html': not one of table, json, csv"), std::string::npos)
-        << o.out;
-  }
+  const Output live = RunExitscope("kvm live --stop-after 1 --format html");
+  EXPECT_EQ(live.status, 2) << live.out;
+  EXPECT_EQ(Lines(live.out), 1) << live.out;
+  EXPECT_NE(live.out.find("--format 'html': not one of table, json, csv"), std::string::npos)
+      << live.out;
+  // kvm stat writes html and timeline only as the final report of --bpf --stacks.
+  const Output stat = RunExitscope("kvm stat --duration 1 --format html");
+  EXPECT_EQ(stat.status, 2) << stat.out;
+  EXPECT_EQ(Lines(stat.out), 1) << stat.out;
+  EXPECT_NE(stat.out.find("--format html needs --bpf --stacks"), std::string::npos) << stat.out;
+  const Output xml = RunExitscope("kvm stat --duration 1 --format xml");
+  EXPECT_EQ(xml.status, 2) << xml.out;
+  EXPECT_EQ(Lines(xml.out), 1) << xml.out;
+  EXPECT_NE(xml.out.find("--format 'xml': not one of table, json, csv"), std::string::npos)
+      << xml.out;
 }
 
 TEST(Formats, FileFormatsNeedAnOutputFile) {

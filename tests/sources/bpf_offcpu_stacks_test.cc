@@ -7,12 +7,14 @@
 #include <fcntl.h>
 #include <sys/ioctl.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <string>
 #include <thread>
@@ -20,7 +22,12 @@
 
 #include <gtest/gtest.h>
 
+#include "analysis/kvm_stats.h"
+#include "analysis/offcpu_exits.h"
 #include "cli/offcpu_output.h"
+#include "report/html_report.h"
+#include "report/offcpu_report.h"
+#include "report/renderer.h"
 #include "sources/bpf/bpf_offcpu_stacks.h"
 #include "support/run.h"
 
@@ -107,12 +114,116 @@ bool HasFunction(const std::vector<StackFrame>& frames, const std::string& part)
   });
 }
 
+bool HasText(const nlohmann::json& frames, const std::string& part) {
+  return std::any_of(frames.begin(), frames.end(), [&](const nlohmann::json& f) {
+    return f.get<std::string>().find(part) != std::string::npos;
+  });
+}
+
 std::string Dump(const ThreadStack& st) {
   std::string s = "kernel:\n";
   for (const StackFrame& f : st.kernel) s += "  " + FormatFrame(f) + "\n";
   s += "user:\n";
   for (const StackFrame& f : st.user) s += "  " + FormatFrame(f) + "\n";
   return s + "note: " + st.note + "\n";
+}
+
+// `x` (a captured exit of the blocked reader) in kvm stat's final report: the table's section,
+// the JSON array, the HTML section and the timeline's nested slices each have its frames.
+void RenderedThroughEveryRenderer(const analysis::OffCpuSlowExit& x, const OffCpuSymbolizer& sym) {
+  analysis::OffCpuSlowExits kept({.max_exits = 1000, .slow_ns = 1'000'000});
+  kept.Add(x);
+  kept.SetNotes(sym.notes());
+  analysis::KvmAggregator agg({});
+  agg.Finish();
+  report::KvmModel k{.analysis = &agg.analysis()};
+  k.context.input = "live";
+  k.context.offcpu = &kept;
+  const analysis::Diagnosis diagnosis{};  // no exits in the maps: only the line below
+  k.context.diagnosis = &diagnosis;
+  k.context.diagnosis_text.seen_from_kernel = report::OffCpuDiagnosisLine(kept);
+  const report::ReportModel m{.kvm = &k};
+
+  // The diagnosis's line: where it blocked in the kernel, and this test's own frame.
+  const std::string line = report::OffCpuDiagnosisLine(kept);
+  EXPECT_NE(line.find("tid " + std::to_string(x.exit.tid)), std::string::npos) << line;
+  EXPECT_NE(line.find("blocked"), std::string::npos) << line;
+  EXPECT_NE(line.find("pipe_read"), std::string::npos) << line;
+  EXPECT_NE(line.find("bpf_offcpu_stacks_test.cc"), std::string::npos) << line;
+
+  auto table = report::RenderText(report::kTableRenderer, m);
+  ASSERT_TRUE(table) << table.error().message;
+  EXPECT_NE(table->find("\n  " + line + "\n"), std::string::npos) << *table;  // the diagnosis
+  const size_t sec = table->find("Slow exits seen from the kernel, with their stacks");
+  ASSERT_NE(sec, std::string::npos) << *table;
+  EXPECT_NE(table->find("Slow exit: tid " + std::to_string(x.exit.tid), sec), std::string::npos);
+  EXPECT_NE(table->find("pipe_read+", sec), std::string::npos) << *table;
+  EXPECT_NE(table->find("OffCpuBlockedReader", sec), std::string::npos) << *table;
+
+  auto json = report::RenderText(report::kJsonRenderer, m);
+  ASSERT_TRUE(json) << json.error().message;
+  const nlohmann::json j = nlohmann::json::parse(*json);
+  EXPECT_EQ(j["diagnosis"]["seen_from_kernel"], line);
+  ASSERT_EQ(j["kernel_slow_exits"].size(), 1u) << *json;
+  const nlohmann::json& je = j["kernel_slow_exits"][0];
+  EXPECT_EQ(je, report::OffCpuExitJson(x));  // the live line's object
+  EXPECT_EQ(je["tid"], x.exit.tid);
+  EXPECT_FALSE(je["stuck"].get<bool>());
+  EXPECT_EQ(j["kernel_slow_exits_left_out"], 0);
+  const auto texts = [](const nlohmann::json& frames) {
+    nlohmann::json t = nlohmann::json::array();
+    for (const auto& f : frames) t.push_back(f["text"]);
+    return t;
+  };
+  EXPECT_TRUE(HasText(texts(je["sites"][0]["kernel"]), "pipe_read")) << je.dump();
+  EXPECT_TRUE(HasText(texts(je["sites"][0]["user"]), "OffCpuBlockedReader")) << je.dump();
+
+  const std::string dir = ::testing::TempDir();
+  const std::string html_path = dir + "offcpu_stacks_test.html";
+  Status hs = report::WriteReport(report::kHtmlRenderer, m, html_path);
+  if (std::string_view why = report::HtmlUnavailable(); !why.empty()) {
+    EXPECT_FALSE(hs);  // this build has no plotting library: said so, not a page without it
+  } else {
+    ASSERT_TRUE(hs) << hs.error().message;
+    const std::string html = test::ReadFile(html_path);
+    EXPECT_NE(html.find("Slow exits seen from the kernel, with their stacks"), std::string::npos);
+    EXPECT_NE(html.find("id=\"s-kernel-slow-exits\""), std::string::npos);
+    EXPECT_NE(html.find("slowest exit seen from the kernel: tid "), std::string::npos);
+    EXPECT_NE(html.find("pipe_read+"), std::string::npos);
+    EXPECT_NE(html.find("OffCpuBlockedReader"), std::string::npos);
+    std::printf("HTML page: %s\n", html_path.c_str());
+  }
+
+  const std::string tl_path = dir + "offcpu_stacks_test.json";
+  Status ts = report::WriteReport(report::kTimelineRenderer, m, tl_path);
+  ASSERT_TRUE(ts) << ts.error().message;
+  const nlohmann::json tl = nlohmann::json::parse(test::ReadFile(tl_path));
+  const nlohmann::json* parent = nullptr;
+  std::vector<const nlohmann::json*> children;
+  bool named = false;
+  for (const nlohmann::json& ev : tl["traceEvents"]) {
+    if (ev["pid"] != x.exit.tgid || ev["tid"] != x.exit.tid) continue;
+    if (ev["ph"] == "M" && ev["name"] == "thread_name")
+      named = ev["args"]["name"] == "thread " + std::to_string(x.exit.tid);
+    if (ev["ph"] != "X") continue;
+    if (ev["cat"] == "kernel-seen") parent = &ev;
+    if (ev["cat"] == "off-cpu") children.push_back(&ev);
+  }
+  EXPECT_TRUE(named);
+  ASSERT_NE(parent, nullptr) << tl.dump();
+  EXPECT_EQ((*parent)["args"]["inside_ns"], x.inside_ns());
+  ASSERT_EQ(children.size(), x.exit.sites.size());
+  const double p0 = (*parent)["ts"].get<double>(), p1 = p0 + (*parent)["dur"].get<double>();
+  for (const nlohmann::json* c : children) {  // nested: inside the exit's slice
+    const double c0 = (*c)["ts"].get<double>(), c1 = c0 + (*c)["dur"].get<double>();
+    EXPECT_GE(c0, p0);
+    EXPECT_LE(c1, p1 + 1e-9);
+  }
+  const nlohmann::json& first = (*children.front())["args"];
+  EXPECT_EQ(first["off_cpu_ns"], x.exit.sites.front().off_ns);
+  EXPECT_TRUE(HasText(first["kernel"], "pipe_read")) << first.dump();
+  EXPECT_TRUE(HasText(first["user"], "OffCpuBlockedReader")) << first.dump();
+  EXPECT_NE((*children.front())["name"].get<std::string>().find("pipe_read"), std::string::npos);
 }
 
 TEST(BpfOffCpuStacks, BlockedReadHasPipeReadAndTheCallersFrames) {
@@ -148,7 +259,8 @@ TEST(BpfOffCpuStacks, BlockedReadHasPipeReadAndTheCallersFrames) {
   EXPECT_EQ(st.tid, static_cast<int32_t>(b.tid));
 
   // What `kvm stat --bpf --stacks` prints for it: text, and one JSON object.
-  const std::string text = cli::OffCpuExitText(*it, sym, "Slow exit");
+  const analysis::OffCpuSlowExit x = analysis::SymbolizeOffCpuExit(*it, sym, false);
+  const std::string text = cli::OffCpuLive(x, false);
   EXPECT_EQ(text.rfind("Slow exit: tid " + std::to_string(b.tid) + " (pid ", 0), 0u) << text;
   EXPECT_NE(text.find("(marked)"), std::string::npos) << text;
   EXPECT_NE(text.find("blocked:"), std::string::npos) << text;
@@ -156,7 +268,7 @@ TEST(BpfOffCpuStacks, BlockedReadHasPipeReadAndTheCallersFrames) {
   EXPECT_NE(text.find("pipe_read+"), std::string::npos) << text;
   EXPECT_NE(text.find("    user    "), std::string::npos) << text;
   EXPECT_NE(text.find("OffCpuBlockedReader"), std::string::npos) << text;
-  const nlohmann::json j = cli::OffCpuExitJson(*it, sym, false);
+  const nlohmann::json j = nlohmann::json::parse(cli::OffCpuLive(x, true));
   ASSERT_TRUE(j.contains("slow_exit")) << j.dump();
   const nlohmann::json& je = j["slow_exit"];
   EXPECT_EQ(je["tid"], b.tid);
@@ -177,9 +289,14 @@ TEST(BpfOffCpuStacks, BlockedReadHasPipeReadAndTheCallersFrames) {
   ASSERT_FALSE(f->sites.empty());
   EXPECT_TRUE(f->sites.front().in_progress);
   EXPECT_TRUE(HasFunction(sym.Resolve(f->tgid, f->tid, f->sites.front()).kernel, "pipe_read"));
-  const std::string stuck = cli::OffCpuExitText(*f, sym, "Stuck now");
+  const analysis::OffCpuSlowExit fx = analysis::SymbolizeOffCpuExit(*f, sym, true);
+  const std::string stuck = cli::OffCpuLive(fx, false);
+  EXPECT_EQ(stuck.rfind("Stuck now: tid ", 0), 0u) << stuck;
   EXPECT_NE(stuck.find("still off the CPU there now"), std::string::npos) << stuck;
-  EXPECT_TRUE(cli::OffCpuExitJson(*f, sym, true).contains("stuck"));
+  EXPECT_TRUE(nlohmann::json::parse(cli::OffCpuLive(fx, true)).contains("stuck"));
+
+  // The final report of `kvm stat --bpf --stacks`: the same exit through every renderer.
+  RenderedThroughEveryRenderer(x, sym);
 
   const os_counters c = s->Counters();
   EXPECT_GE(c.captures, 1u);
@@ -223,6 +340,47 @@ TEST(BpfOffCpuStacks, UnmarkedThreadsAreNotCaptured) {
   EXPECT_EQ(s->Counters().captures, 0u);
 }
 
+// `kvm stat --bpf --stacks` end to end (no KVM here: no exit is slow, the section is empty):
+// the final report in each format has it, html and timeline go to -o FILE, stdout stays empty.
+TEST(BpfOffCpuStacks, KvmStatWritesTheFinalReportInEveryFormat) {
+  if (::geteuid() != 0) GTEST_SKIP() << "--bpf not possible here: needs root";
+  const std::string bin = test::ExitscopeBinary();
+  if (::access(bin.c_str(), X_OK) != 0) GTEST_SKIP() << bin << " not built";
+  const std::string dir = ::testing::TempDir();
+  test::Ran t = test::Run({bin, "kvm", "stat", "--bpf", "--stacks", "--duration", "0.2"});
+  if (t.err.find("--bpf not possible here") != std::string::npos) GTEST_SKIP() << t.err;
+  ASSERT_EQ(t.status, 0) << t.err;
+  EXPECT_NE(t.out.find("Slow exits seen from the kernel, with their stacks (20 ms or longer"),
+            std::string::npos)
+      << t.out;
+  test::Ran j =
+      test::Run({bin, "kvm", "stat", "--bpf", "--stacks", "--duration", "0.2", "--format", "json"});
+  ASSERT_EQ(j.status, 0) << j.err;
+  const nlohmann::json doc = nlohmann::json::parse(j.out);  // the final document, one line
+  EXPECT_TRUE(doc["kernel_slow_exits"].is_array()) << j.out;
+  EXPECT_EQ(doc["kernel_slow_ns"], 20'000'000);
+  for (const char* format : {"timeline", "html"}) {
+    const std::string path = dir + "kvm_stat_stacks." + format;
+    test::Ran f = test::Run({bin, "kvm", "stat", "--bpf", "--stacks", "--duration", "0.2",
+                             "--format", format, "-o", path});
+    if (std::string(format) == "html" && !report::HtmlUnavailable().empty()) {
+      EXPECT_EQ(f.status, 1) << f.err;  // this build cannot write HTML, and says so
+      continue;
+    }
+    ASSERT_EQ(f.status, 0) << f.err;
+    EXPECT_EQ(f.out, "");
+    EXPECT_NE(f.err.find("wrote " + path + " (" + format + "): 0 slow exits seen from the kernel"),
+              std::string::npos)
+        << f.err;
+    const std::string body = test::ReadFile(path);
+    if (std::string(format) == "timeline") {
+      EXPECT_TRUE(nlohmann::json::parse(body).contains("traceEvents")) << body;
+    } else {
+      EXPECT_NE(body.find("Slow exits seen from the kernel"), std::string::npos);
+    }
+  }
+}
+
 // The symbolizer marks what it cannot resolve, and says why once.
 TEST(OffCpuSymbolizer, UnresolvableFramesAreMarkedWithWhyOnce) {
   OffCpuSymbolizer sym("/nonexistent/kallsyms");
@@ -248,6 +406,97 @@ TEST(OffCpuSymbolizer, UnresolvableFramesAreMarkedWithWhyOnce) {
   }));
   sym.Resolve(static_cast<uint32_t>(::getpid()), 1, site);  // the same causes: no new notes
   EXPECT_EQ(sym.notes(), notes);
+}
+
+// The child of SecondProcessReusesFramesByBuildId (disabled: only that test runs it): this
+// test binary run again (its own address layout), writing where OffCpuBlockedReader is to
+// fd 3 and waiting for its stdin to close.
+TEST(OffCpuSymbolizerChild, DISABLED_WritesAnAddressAndWaits) {
+  if (std::getenv("EXITSCOPE_OFFCPU_CHILD") == nullptr) GTEST_SKIP() << "run by the test below";
+  ::dprintf(3, "%llx\n",
+            static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(&OffCpuBlockedReader)));
+  char c;
+  while (::read(0, &c, 1) > 0) {
+  }
+}
+
+// Two processes of one binary: the second one's frames come from the build-id cache, without
+// a libdw session of its own, and are the same frames.
+TEST(OffCpuSymbolizer, SecondProcessReusesFramesByBuildId) {
+  int in[2], out[2];
+  ASSERT_EQ(::pipe(in), 0);
+  ASSERT_EQ(::pipe(out), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(in[1]);  // else its stdin never ends
+    ::close(out[0]);
+    ::dup2(in[0], 0);
+    ::dup2(out[1], 3);
+    const int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, 1);
+    ::setenv("EXITSCOPE_OFFCPU_CHILD", "1", 1);
+    ::execl("/proc/self/exe", "child", "--gtest_filter=OffCpuSymbolizerChild.*",
+            "--gtest_also_run_disabled_tests", nullptr);
+    ::_exit(127);
+  }
+  ::close(in[0]);
+  ::close(out[1]);
+  std::string addr;
+  char c;
+  while (::read(out[0], &c, 1) == 1 && c != '\n') addr += c;
+  const uint64_t theirs = std::strtoull(addr.c_str(), nullptr, 16);
+  const uint64_t ours = reinterpret_cast<uintptr_t>(&OffCpuBlockedReader);
+
+  OffCpuSymbolizer sym;
+  OffCpuSite site;
+  site.switches = 1;
+  site.user = {ours + 4};
+  const ThreadStack a = sym.Resolve(static_cast<uint32_t>(::getpid()), 1, site);
+  site.user = {theirs + 4};
+  const ThreadStack b = sym.Resolve(static_cast<uint32_t>(child), 1, site);
+  ::close(in[1]);  // the child ends
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  ::close(out[0]);
+
+  ASSERT_NE(theirs, 0u) << "the child printed no address: '" << addr << "'";
+  ASSERT_EQ(a.user.size(), 1u);
+  ASSERT_EQ(b.user.size(), 1u);
+  EXPECT_NE(a.user[0].function.find("OffCpuBlockedReader"), std::string::npos)
+      << FormatFrame(a.user[0]);
+  const OffCpuSymbolizer::CacheStats& st = sym.cache_stats();
+  EXPECT_EQ(st.build_id_misses, 1u);
+  EXPECT_EQ(st.build_id_hits, 1u) << "does this test binary have a build-id?";
+  EXPECT_EQ(st.libdw_sessions, 1u);  // only this process's: the child's frames were cached
+  EXPECT_EQ(b.user[0].ip, theirs + 4);
+  StackFrame same = b.user[0];
+  same.ip = a.user[0].ip;
+  EXPECT_EQ(same, a.user[0]) << FormatFrame(a.user[0]) << " vs " << FormatFrame(b.user[0]);
+  std::printf("this process: %s\nthe child (0x%llx): %s\n", FormatFrame(a.user[0]).c_str(),
+              static_cast<unsigned long long>(theirs), FormatFrame(b.user[0]).c_str());
+}
+
+// The bound of the final report: the slowest kept, slowest first, the others counted.
+TEST(OffCpuSlowExits, KeepsTheSlowestAndCountsTheRest) {
+  analysis::OffCpuSlowExits kept({.max_exits = 3, .slow_ns = 1'000'000});
+  for (uint64_t ms : {5, 40, 2, 30, 7}) {
+    analysis::OffCpuSlowExit e;
+    e.exit.tid = static_cast<uint32_t>(ms);
+    e.exit.start_ns = 1'000'000'000;
+    e.exit.end_ns = e.exit.start_ns + ms * 1'000'000;
+    kept.Add(e);
+  }
+  ASSERT_EQ(kept.exits().size(), 3u);
+  EXPECT_EQ(kept.exits()[0].exit.tid, 40u);
+  EXPECT_EQ(kept.exits()[1].exit.tid, 30u);
+  EXPECT_EQ(kept.exits()[2].exit.tid, 7u);
+  EXPECT_EQ(kept.seen(), 5u);
+  EXPECT_EQ(kept.left_out(), 2u);
+  const std::string text = report::OffCpuSectionText(kept, 2);
+  EXPECT_NE(text.find(": 5, slowest first (the 3 slowest kept, 2 more counted)"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("... 1 more kept"), std::string::npos) << text;
 }
 
 TEST(OffCpuSymbolizer, StacksNotStoredSayWhy) {
@@ -295,6 +544,18 @@ TEST(BpfOffCpuStacksCli, WithoutBpfStacksIsRefusedInOneLine) {
   test::Ran slow = test::Run({bin, "kvm", "stat", "--bpf", "--stacks", "--slow", "0"});
   EXPECT_EQ(slow.status, 2) << slow.err;
   EXPECT_EQ(std::count(slow.err.begin(), slow.err.end(), '\n'), 1) << slow.err;
+  // The file formats of the final report: with --stacks and -o FILE only.
+  test::Ran html = test::Run({bin, "kvm", "stat", "--bpf", "--format", "html", "-o", "/tmp/x"});
+  EXPECT_EQ(html.status, 2) << html.err;
+  EXPECT_EQ(html.err,
+            "exitscope kvm stat: --format html needs --bpf --stacks (the slow exits seen from the "
+            "kernel are what it draws)\n");
+  test::Ran tl = test::Run({bin, "kvm", "stat", "--bpf", "--stacks", "--format", "timeline"});
+  EXPECT_EQ(tl.status, 2) << tl.err;
+  EXPECT_EQ(tl.err, "exitscope kvm stat: --format timeline needs -o FILE\n");
+  test::Ran o = test::Run({bin, "kvm", "stat", "--bpf", "--stacks", "-o", "/tmp/x"});
+  EXPECT_EQ(o.status, 2) << o.err;
+  EXPECT_EQ(o.err, "exitscope kvm stat: -o is for --format html or timeline\n");
 }
 
 // The reference VMM as a subject: 300 ms backend delays show with kernel and user frames.

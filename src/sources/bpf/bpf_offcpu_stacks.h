@@ -103,9 +103,11 @@ class BpfOffCpuStacks {
 };
 
 // Symbolizes off-CPU sites: kernel frames from /proc/kallsyms, user frames from the process's
-// ELF symbols and DWARF (elfutils libdw, read while the process lives), cached per process
-// and address. A frame that cannot be resolved keeps its address with an empty function;
-// why is said once per cause in notes().
+// ELF symbols and DWARF (elfutils libdw, read while the process lives). User frames are
+// cached per (ELF build-id, file offset): a second process mapping the same binary (QEMU
+// restarted, two VMs) reuses them without reading its DWARF again; frames of a module without
+// a build-id are cached per process and address. A frame that cannot be resolved keeps its
+// address with an empty function; why is said once per cause in notes().
 class OffCpuSymbolizer {
  public:
   explicit OffCpuSymbolizer(std::string kallsyms = "/proc/kallsyms");
@@ -119,7 +121,30 @@ class OffCpuSymbolizer {
   // stops at ioctl+0x3b: ..."), in the order found.
   const std::vector<std::string>& notes() const noexcept { return notes_; }
 
+  struct CacheStats {
+    uint64_t build_id_hits = 0;    // user frames found by (build-id, file offset)
+    uint64_t build_id_misses = 0;  // looked up through libdw, then kept by build-id
+    uint64_t no_build_id = 0;      // frames of modules without one (or not a file): per process
+    uint64_t libdw_sessions = 0;   // processes whose ELF and DWARF libdw had to read
+  };
+  const CacheStats& cache_stats() const noexcept { return stats_; }
+  static constexpr size_t kMaxBuildIdFrames = 65536;  // then the cache is cleared
+
  private:
+  struct Mapping {
+    uint64_t start = 0, end = 0, offset = 0;
+    std::string path;
+    const std::string* build_id = nullptr;  // into build_ids_; null or empty: none
+  };
+  struct Process {
+    std::vector<Mapping> maps;  // /proc/PID/maps, file-backed, sorted by start
+    bool read = false;
+    std::unique_ptr<internal::Symbolizer> dw;  // created on the first frame it must resolve
+  };
+  const Mapping* FindMapping(uint32_t tgid, Process& p, uint64_t ip);
+  void ReadMaps(uint32_t tgid, Process& p);
+  std::vector<StackFrame> ResolveUser(uint32_t tgid, const std::vector<uint64_t>& ips);
+
   struct KSym {
     uint64_t addr;
     std::string name, module;
@@ -130,8 +155,13 @@ class OffCpuSymbolizer {
 
   std::string kallsyms_path_;
   bool kallsyms_loaded_ = false;
-  std::vector<KSym> ksyms_;  // sorted by address; empty when unreadable or hidden
-  std::map<uint32_t, std::unique_ptr<internal::Symbolizer>> user_;  // per tgid
+  std::vector<KSym> ksyms_;           // sorted by address; empty when unreadable or hidden
+  std::map<uint32_t, Process> user_;  // per tgid
+  // "dev:inode" (or the path) -> the module's build-id in hex ("" when it has none).
+  std::map<std::string, std::string> build_ids_;
+  // (build-id, file offset * 2 + exact) -> the frame (its ip is set per lookup).
+  std::map<std::pair<std::string, uint64_t>, StackFrame> by_build_id_;
+  CacheStats stats_;
   std::set<std::string> noted_;
   std::vector<std::string> notes_;
 };

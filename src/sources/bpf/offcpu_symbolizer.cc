@@ -1,5 +1,9 @@
 // sources/bpf/offcpu_symbolizer.cc: OffCpuSymbolizer: kernel frames from /proc/kallsyms, user
 // frames through recorder/symbolizer.h's libdw symbolizer pointed at the VMM's pid.
+#include <elf.h>
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -12,6 +16,52 @@
 #include "sources/bpf/bpf_offcpu_stacks.h"
 
 namespace exitscope::sources::bpf {
+namespace {
+
+// The GNU build-id note of the ELF file `path` in hex; "" when it has none or is no 64-bit
+// ELF. Reads only the headers and the PT_NOTE segments.
+std::string ReadBuildId(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  std::string id;
+  Elf64_Ehdr eh{};
+  if (::pread(fd, &eh, sizeof eh, 0) == static_cast<ssize_t>(sizeof eh) &&
+      std::memcmp(eh.e_ident, ELFMAG, SELFMAG) == 0 && eh.e_ident[EI_CLASS] == ELFCLASS64 &&
+      eh.e_phentsize == sizeof(Elf64_Phdr) && eh.e_phnum < 256) {
+    for (unsigned i = 0; i < eh.e_phnum && id.empty(); ++i) {
+      Elf64_Phdr ph{};
+      if (::pread(fd, &ph, sizeof ph, static_cast<off_t>(eh.e_phoff + i * sizeof ph)) !=
+              static_cast<ssize_t>(sizeof ph) ||
+          ph.p_type != PT_NOTE || ph.p_filesz > (1u << 16)) {
+        continue;
+      }
+      std::string notes(ph.p_filesz, '\0');
+      if (::pread(fd, notes.data(), notes.size(), static_cast<off_t>(ph.p_offset)) !=
+          static_cast<ssize_t>(notes.size())) {
+        continue;
+      }
+      for (size_t at = 0; at + sizeof(Elf64_Nhdr) <= notes.size();) {
+        Elf64_Nhdr nh;
+        std::memcpy(&nh, notes.data() + at, sizeof nh);
+        const size_t name_at = at + sizeof nh;
+        const size_t desc_at = name_at + ((nh.n_namesz + 3u) & ~3u);
+        const size_t next = desc_at + ((nh.n_descsz + 3u) & ~3u);
+        if (next > notes.size() || desc_at + nh.n_descsz > notes.size()) break;
+        if (nh.n_type == NT_GNU_BUILD_ID && nh.n_namesz == 4 &&
+            std::memcmp(notes.data() + name_at, "GNU", 4) == 0) {
+          for (size_t k = 0; k < nh.n_descsz; ++k)
+            id += fmt::format("{:02x}", static_cast<unsigned char>(notes[desc_at + k]));
+          break;
+        }
+        at = next;
+      }
+    }
+  }
+  ::close(fd);
+  return id;
+}
+
+}  // namespace
 
 OffCpuSymbolizer::OffCpuSymbolizer(std::string kallsyms) : kallsyms_path_(std::move(kallsyms)) {}
 OffCpuSymbolizer::~OffCpuSymbolizer() = default;
@@ -73,6 +123,92 @@ StackFrame OffCpuSymbolizer::Kernel(uint64_t ip) {
   return f;
 }
 
+void OffCpuSymbolizer::ReadMaps(uint32_t tgid, Process& p) {
+  p.read = true;
+  p.maps.clear();
+  std::ifstream in(fmt::format("/proc/{}/maps", tgid));
+  std::string line;
+  while (std::getline(in, line)) {
+    // "55d0c8a00000-55d0c8a21000 r-xp 00002000 fd:01 1234567   /usr/bin/qemu-system-x86_64"
+    std::istringstream ls(line);
+    std::string range, perms, offset, dev, inode, path;
+    if (!(ls >> range >> perms >> offset >> dev >> inode)) continue;
+    std::getline(ls >> std::ws, path);
+    if (path.empty() || path[0] != '/' || inode == "0") continue;
+    const size_t dash = range.find('-');
+    if (dash == std::string::npos) continue;
+    Mapping m;
+    m.start = std::strtoull(range.c_str(), nullptr, 16);
+    m.end = std::strtoull(range.c_str() + dash + 1, nullptr, 16);
+    m.offset = std::strtoull(offset.c_str(), nullptr, 16);
+    m.path = path;
+    // The same file in another process (or after a restart) has the same device and inode;
+    // read through /proc/PID/root so a VMM in another mount namespace is read right.
+    auto it = build_ids_.find(dev + ":" + inode);
+    if (it == build_ids_.end()) {
+      it = build_ids_
+               .emplace(dev + ":" + inode, ReadBuildId(fmt::format("/proc/{}/root{}", tgid, path)))
+               .first;
+    }
+    m.build_id = &it->second;
+    p.maps.push_back(std::move(m));
+  }
+  std::sort(p.maps.begin(), p.maps.end(),
+            [](const Mapping& a, const Mapping& b) { return a.start < b.start; });
+}
+
+const OffCpuSymbolizer::Mapping* OffCpuSymbolizer::FindMapping(uint32_t tgid, Process& p,
+                                                               uint64_t ip) {
+  const auto find = [&]() -> const Mapping* {
+    auto it = std::upper_bound(p.maps.begin(), p.maps.end(), ip,
+                               [](uint64_t a, const Mapping& m) { return a < m.start; });
+    if (it == p.maps.begin()) return nullptr;
+    --it;
+    return ip < it->end ? &*it : nullptr;
+  };
+  if (!p.read) ReadMaps(tgid, p);
+  if (const Mapping* m = find()) return m;
+  ReadMaps(tgid, p);  // mapped since
+  return find();
+}
+
+std::vector<StackFrame> OffCpuSymbolizer::ResolveUser(uint32_t tgid,
+                                                      const std::vector<uint64_t>& ips) {
+  Process& p = user_[tgid];
+  std::vector<StackFrame> out;
+  out.reserve(ips.size());
+  for (size_t i = 0; i < ips.size(); ++i) {
+    const bool exact = i == 0;  // the others are return addresses (looked up at ip - 1)
+    const Mapping* m = FindMapping(tgid, p, ips[i]);
+    std::pair<std::string, uint64_t> key;
+    if (m != nullptr && m->build_id != nullptr && !m->build_id->empty()) {
+      key = {*m->build_id, (ips[i] - m->start + m->offset) * 2 + (exact ? 1 : 0)};
+      if (auto it = by_build_id_.find(key); it != by_build_id_.end()) {
+        ++stats_.build_id_hits;
+        out.push_back(it->second);
+        out.back().ip = ips[i];
+        out.back().module = m->path;
+        continue;
+      }
+    }
+    if (!p.dw) {
+      p.dw = std::make_unique<internal::Symbolizer>(static_cast<pid_t>(tgid));
+      ++stats_.libdw_sessions;
+    }
+    const uint64_t ip = ips[i];
+    out.push_back(p.dw->Resolve(std::span<const uint64_t>(&ip, 1), exact).front());
+    if (key.first.empty()) {
+      ++stats_.no_build_id;
+    } else {
+      ++stats_.build_id_misses;
+      if (by_build_id_.size() >= kMaxBuildIdFrames) by_build_id_.clear();
+      // Unresolved frames too: the same binary has no symbol there in any process.
+      if (!out.back().module.empty()) by_build_id_.emplace(std::move(key), out.back());
+    }
+  }
+  return out;
+}
+
 ThreadStack OffCpuSymbolizer::Resolve(uint32_t tgid, uint32_t tid, const OffCpuSite& site) {
   ThreadStack st;
   st.tid = static_cast<int32_t>(tid);
@@ -93,9 +229,7 @@ ThreadStack OffCpuSymbolizer::Resolve(uint32_t tgid, uint32_t tid, const OffCpuS
             : fmt::format("user stack not stored ({})", std::strerror(-site.ustack_id)));
   }
   if (!site.user.empty()) {
-    auto& sym = user_[tgid];
-    if (!sym) sym = std::make_unique<internal::Symbolizer>(static_cast<pid_t>(tgid));
-    st.user = sym->Resolve(site.user, true);
+    st.user = ResolveUser(tgid, site.user);
     std::string exe;
     {
       char buf[4096];

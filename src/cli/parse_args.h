@@ -1,6 +1,6 @@
 // cli/parse_args.h: how every subcommand parses its flags and reports errors, so usage errors
-// and exit statuses read the same everywhere (DESIGN.md: one line naming the flag or input,
-// exit status 0 ok, 1 runtime failure, 2 bad usage or bad input).
+// and exit statuses read the same everywhere (docs/development.md: one line naming the flag or
+// input, exit status 0 ok, 1 runtime failure, 2 bad usage or bad input).
 #pragma once
 
 #include <cstdint>

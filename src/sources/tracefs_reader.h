@@ -12,7 +12,7 @@
 //
 // Bit 31 of commit says events were lost before this page, bit 30 that their count is stored
 // after the data. TracefsPageReader copies pages out, without parsing, as fast as the kernel
-// fills them (non-blocking reads, polled by the caller, 10 ms is plenty: FACTS.md).
+// fills them (non-blocking reads, polled by the caller, 10 ms is plenty: docs/host-facts.md).
 // RawPageDecoder walks a page with libtraceevent's kbuffer and hands each event to a
 // RecordSink as a `tep_record` (the type kvm-analysis's decoder adapter takes), counting lost
 // events, never dropping them silently.

@@ -2,7 +2,8 @@
 // scaffolding (page tables, GDT, TSS, IDT, CPL0 stubs) for traps to land somewhere.
 //
 // This is the mode that runs natively on kvm-pvm hosts (CPL0 code is emulated one instruction
-// at a time there); on VMX/SVM hosts it runs natively too. The recipe (FACTS.md section 1):
+// at a time there); on VMX/SVM hosts it runs natively too. The recipe (docs/host-facts.md section
+// 1):
 //   - 4-level page tables, U/S set on every level; CR0=0x80050033, CR4=0x620, EFER=0x501;
 //   - GDT: 0x08 code DPL0, 0x10 data DPL0, 0x20 TSS (16 bytes), 0x30 code DPL3 (selector
 //     0x33), 0x38 data DPL3 (selector 0x3b);

@@ -1,6 +1,7 @@
 // Bad usage and bad input, end to end through build/exitscope: every case gets exactly one
-// line on stderr naming the flag or the input, and the one exit-status mapping of DESIGN.md
-// (0 ok, 1 runtime failure, 2 bad usage or bad input), whichever subcommand it goes through.
+// line on stderr naming the flag or the input, and the one exit-status mapping of
+// docs/development.md (0 ok, 1 runtime failure, 2 bad usage or bad input), whichever subcommand it
+// goes through.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>

@@ -24,7 +24,7 @@ ExitEvent Exit(std::string_view reason, uint64_t dur) {
 
 std::unique_ptr<KvmAggregator> Sample(KvmAnalysisOptions o = {}) {
   auto agg = std::make_unique<KvmAggregator>(std::move(o));
-  // FACTS.md's perf example rows, reproduced with round numbers.
+  // perf kvm stat's example rows (docs/kvm.md), reproduced with round numbers.
   for (int i = 0; i < 354; ++i) agg->OnExit(Exit("HC_WRMSR", 280 + static_cast<uint64_t>(i)));
   for (int i = 0; i < 155; ++i)
     agg->OnExit(Exit("HC_IRQ_HALT", 16660 + 1000 * static_cast<uint64_t>(i)));

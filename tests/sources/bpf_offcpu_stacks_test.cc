@@ -41,7 +41,8 @@ uint64_t NowNs() {
 }
 
 // The user frames the test looks for: a reader two calls deep (the kernel's frame-pointer
-// walk misses the direct caller of libc's read, which keeps no frame: FACTS.md section 6).
+// walk misses the direct caller of libc's read, which keeps no frame: docs/host-facts.md section
+// 3).
 __attribute__((noinline)) ssize_t OffCpuReadOnce(int fd, char* c) {
   const ssize_t n = ::read(fd, c, 1);
   asm volatile("" ::: "memory");
@@ -573,7 +574,7 @@ TEST(BpfOffCpuStacksKvm, ReferenceVmmSlowExitsHaveStacks) {
 }
 
 // A real QEMU whose vCPU thread blocks in an isa-debugcon write to a pipe nobody reads
-// (FACTS.md section 6): its kernel stack where it blocked.
+// (docs/host-facts.md section 3): its kernel stack where it blocked.
 TEST(BpfOffCpuStacksKvm, QemuDebugconWriteBlocksWithKernelStack) {
   SKIP_WITHOUT_KVM();
   if (::geteuid() != 0) GTEST_SKIP() << "--bpf not possible here: needs root";

@@ -4,8 +4,8 @@
 // (`-trace memory_region_ops_read -trace memory_region_ops_write`: one line per access that
 // reached a QEMU device, with the region's name).
 //
-// The guest is a few bytes of real-mode code given as -bios (FACTS.md section 1: SeaBIOS does
-// not boot here). It enables q35's ECAM window (so the map has pcie-mmcfg-mmio), touches
+// The guest is a few bytes of real-mode code given as -bios (docs/host-facts.md section 1: SeaBIOS
+// does not boot here). It enables q35's ECAM window (so the map has pcie-mmcfg-mmio), touches
 // chosen ports a known number of times, writes "AAAAA" to COM1 last and halts with
 // interrupts off. The test then reads `info mtree -f` through QMP from that same QEMU (also
 // `kvm report --qmp`), quits it through QMP, and runs

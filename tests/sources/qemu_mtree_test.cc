@@ -20,7 +20,7 @@ namespace exitscope::sources {
 namespace {
 
 const std::string kDir = std::string(EXITSCOPE_TESTDATA_DIR) + "/kvm-host/";
-// q35 with nvme, virtio-net-pci and isa-serial, BARs programmed (../shared README).
+// q35 with nvme, virtio-net-pci and isa-serial, BARs programmed (testdata/kvm-host/README.md).
 const std::string kQ35 = kDir + "qemu-7.2-q35-mtree-f.txt";
 // q35 -nodefaults with one isa-serial, after the KVM test's guest enabled the ECAM window.
 const std::string kEcam = kDir + "qemu-7.2-q35-pciexbar-mtree-f.txt";

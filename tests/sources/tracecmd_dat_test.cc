@@ -147,7 +147,7 @@ TEST_F(CaptureTest, CountsMatchTraceCmdReport) {
   EXPECT_EQ(pairer.stats().records_total, (*dat)->records_read());
   EXPECT_EQ(got.pio_ports, want.pio_ports);
   EXPECT_EQ(got.mmio_gpas, want.mmio_gpas);
-  // The capture's known contents (FACTS.md): 6205 userspace exits (IO, MMIO, HLT).
+  // The capture's known contents (testdata/kvm/README.md): 6205 userspace exits (IO, MMIO, HLT).
   EXPECT_EQ(want.events.at("kvm_userspace_exit"), 6205u);
   EXPECT_EQ(want.pio_ports.at(0x3f8), 3001u);
   EXPECT_EQ(want.mmio_gpas.at(0xd0000), 3000u);

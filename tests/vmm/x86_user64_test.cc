@@ -1,4 +1,4 @@
-// The user64 tables, checked byte for byte against the recipe (FACTS.md section 1).
+// The user64 tables, checked byte for byte against the recipe (docs/host-facts.md section 1).
 #include "vmm/x86_user64.h"
 
 #include <gtest/gtest.h>

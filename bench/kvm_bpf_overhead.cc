@@ -59,6 +59,7 @@
 
 #include "nlohmann/json.hpp"
 #include "sources/bpf/bpf_kvm_stat.h"
+#include "sources/bpf/bpf_offcpu_stacks.h"
 #include "sources/tracefs_session.h"
 #include "vmm/vmm.h"
 
@@ -267,8 +268,8 @@ const char* const kBpfArgs[kModes][6] = {
 // The rounds above pair runs seconds apart, and this nested host's exit cost drifts by more
 // than the watchers' costs over seconds. Here one guest runs for the whole measurement, every
 // watcher is set up once, and they take turns in windows of --window-ms: none, tracefs, none,
-// bpf-empty, none, bpf-clock, none, bpf-run, repeated. Switching a watcher on or off is what
-// it takes to start or stop it without restarting it:
+// bpf-empty, none, bpf-clock, none, bpf-run, none, bpf-stacks, repeated. Switching a watcher on or
+// off is what it takes to start or stop it without restarting it:
 //   tracefs    `exitscope kvm live -p PID` runs throughout; the bench writes 0/1 to the
 //              `enable` files of the events it enabled in its tracefs instance (off, the
 //              tracepoints are off: no record is built, its reader finds nothing to read)
@@ -278,6 +279,9 @@ const char* const kBpfArgs[kModes][6] = {
 //              on these tracepoints
 //   bpf-run    the library's BpfKvmStat (the programs of `kvm stat --bpf`, kvm-run pairing,
 //              tp_btf) Attach()ed / Detach()ed
+//   bpf-stacks bpf-run plus BpfOffCpuStacks (the program `--stacks` adds: sched_switch,
+//              sys_enter_ioctl and the kvm tracepoints this kernel has), both attached /
+//              detached: its cost minus bpf-run's is what `--stacks` adds per exit
 // A window's cost per exit is its wall time over the userspace exits the VMM handled in it
 // (the recorder's ring head: record = true in every window alike, ~30 ns of ~25 us). A
 // watcher window is paired with the mean of the `none` windows just before and after it,
@@ -407,9 +411,15 @@ int Interleave(double seconds, double window_ms, uint32_t vcpus) {
   auto run_stat = bpf::BpfKvmStat::Open(bo);
   if (!run_stat) return fail("bpf-run: " + run_stat.error().message);
   (*run_stat)->Detach();
+  // --stacks: this process's threads, slow exits as `kvm stat` reports them (the guest's
+  // exits are microseconds: the ring buffer stays empty, the cost is the tracking).
+  auto stacks = bpf::BpfOffCpuStacks::Open({.tgid = static_cast<uint32_t>(::getpid())});
+  if (!stacks) return fail("bpf-stacks: " + stacks.error().message);
+  (*stacks)->Detach();
 
-  enum Which { kOff = 0, kStream, kEmpty, kClock, kRun, kWhich };
-  const char* const kNames[kWhich] = {"none", "tracefs", "bpf-empty", "bpf-clock", "bpf-run"};
+  enum Which { kOff = 0, kStream, kEmpty, kClock, kRun, kStacks, kWhich };
+  const char* const kNames[kWhich] = {"none",      "tracefs", "bpf-empty",
+                                      "bpf-clock", "bpf-run", "bpf-stacks"};
   auto set = [&](Which w, bool on) -> bool {
     switch (w) {
       case kStream:
@@ -423,16 +433,22 @@ int Interleave(double seconds, double window_ms, uint32_t vcpus) {
       case kRun:
         if (!on) return (*run_stat)->Detach(), true;
         return static_cast<bool>((*run_stat)->Attach());
+      case kStacks:
+        if (!on) return (*stacks)->Detach(), (*run_stat)->Detach(), true;
+        if (exitscope::Status st = (*run_stat)->Attach(); !st)
+          return why = st.error().message, false;
+        if (exitscope::Status st = (*stacks)->Attach(); !st) return why = st.error().message, false;
+        return true;
       default:
         return true;
     }
   };
-  const Which kCycle[] = {kOff, kStream, kOff, kEmpty, kOff, kClock, kOff, kRun};
+  const Which kCycle[] = {kOff, kStream, kOff, kEmpty, kOff, kClock, kOff, kRun, kOff, kStacks};
   constexpr size_t kSteps = std::size(kCycle);
   std::printf(
       "interleave: guest mmio-storm, %u vCPU(s), %.0f s, windows of %.0f ms (settle %.0f ms), "
-      "cycle none tracefs none bpf-empty none bpf-clock none bpf-run; kvm live -p %s (%zu events), "
-      "bpf-run %s\n",
+      "cycle none tracefs none bpf-empty none bpf-clock none bpf-run none bpf-stacks; kvm live -p "
+      "%s (%zu events), bpf-run %s\n",
       vcpus, seconds, window_ms, window_ms / 5, self.c_str(), stream.count(),
       (*run_stat)->attachment().c_str());
   std::fflush(stdout);
@@ -522,8 +538,18 @@ int Interleave(double seconds, double window_ms, uint32_t vcpus) {
         "%.1f ns per exit\n",
         prog_ns_per_run, prog_ns_per_exit);
   }
+  {
+    // What --stacks adds over --bpf alone: bpf-stacks' cost minus bpf-run's (both against the
+    // `none` windows beside them).
+    const Spread k = SpreadOf(cost[kStacks]), r = SpreadOf(cost[kRun]);
+    if (k.n != 0 && r.n != 0) {
+      std::printf(
+          "interleave --stacks over --bpf: %+.1f ns/exit (medians), %+.1f +- %.1f (means)\n",
+          k.median - r.median, k.mean - r.mean, std::sqrt(k.se * k.se + r.se * r.se));
+    }
+  }
   if (st.median > 0) {
-    for (int w : {kEmpty, kClock, kRun}) {
+    for (int w : {kEmpty, kClock, kRun, kStacks}) {
       const Spread k = SpreadOf(cost[w]);
       // The ratio of means, with its standard error from the two s.e.s (first order).
       const double r = k.mean / st.mean;

@@ -104,7 +104,8 @@ std::string AllWell(const Diagnosis& d) {
       "all well: {} exits{}, none slow, none stuck; the vCPUs spent {} of the run inside exits "
       "({} not counting HLT)",
       d.exits, d.timed ? fmt::format(" over {:.3f} s", d.span_ns / 1e9) : "",
-      vt > 0 ? ShareText(std::min(1.0, in / vt)) : "-", vt > 0 ? ShareText(std::min(1.0, lost / vt)) : "-");
+      vt > 0 ? ShareText(std::min(1.0, in / vt)) : "-",
+      vt > 0 ? ShareText(std::min(1.0, lost / vt)) : "-");
 }
 
 }  // namespace
@@ -249,10 +250,10 @@ std::string DiagnosisText(const Diagnosis& d, const DiagnosisTextOptions& o) {
       continue;
     }
     ++n;
-    out +=
-        fmt::format("  {:>2}. {}{}: {} exit{}, {}{}, {}\n", n, g.cause, Kind(g), g.count,
-                    g.count == 1 ? "" : "s", FormatDuration(g.lost_ns),
-                    d.span_ns ? fmt::format(" ({} of the run)", ShareText(g.share)) : "", Vcpus(g.vcpus));
+    out += fmt::format("  {:>2}. {}{}: {} exit{}, {}{}, {}\n", n, g.cause, Kind(g), g.count,
+                       g.count == 1 ? "" : "s", FormatDuration(g.lost_ns),
+                       d.span_ns ? fmt::format(" ({} of the run)", ShareText(g.share)) : "",
+                       Vcpus(g.vcpus));
     if (g.typical_ns || g.worst_ns) {
       out += fmt::format("      typical {}, p90 {}, worst {}", FormatDuration(g.typical_ns),
                          FormatDuration(g.p90_ns), FormatDuration(g.worst_ns));

@@ -449,13 +449,13 @@ void KvmSections(html::Page& p, const analysis::KvmAnalysis& a, const KvmReportC
       const LatencyStats& s = r->stats;
       const bool timed = s.count() > 0;
       const auto d = [&](uint64_t ns) { return timed ? FormatDurationNs(ns) : std::string("-"); };
-      tab.rows.push_back({r->key, fmt::format("{}", r->samples()), PercentText(r->samples(), g.samples),
-                          timed ? PercentText(s.sum(), g.time_ns) : "-", d(s.min()), d(s.max()),
-                          d(static_cast<uint64_t>(s.mean())),
-                          timed ? fmt::format("{:.2f}%", s.RelStdErrPercent()) : "-",
-                          d(s.Quantile(0.5)), d(s.Quantile(0.99)), d(s.Quantile(0.999)),
-                          fmt::format("{}", r->to_vmm()), fmt::format("{}", r->in_kernel),
-                          r->name});
+      tab.rows.push_back(
+          {r->key, fmt::format("{}", r->samples()), PercentText(r->samples(), g.samples),
+           timed ? PercentText(s.sum(), g.time_ns) : "-", d(s.min()), d(s.max()),
+           d(static_cast<uint64_t>(s.mean())),
+           timed ? fmt::format("{:.2f}%", s.RelStdErrPercent()) : "-", d(s.Quantile(0.5)),
+           d(s.Quantile(0.99)), d(s.Quantile(0.999)), fmt::format("{}", r->to_vmm()),
+           fmt::format("{}", r->in_kernel), r->name});
     }
     tables.blocks.push_back(std::move(tab));
     if (g.rows.size() > plot.table_rows)

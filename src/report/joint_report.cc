@@ -198,9 +198,10 @@ std::string RenderJointTable(const JointView& v, const JointRenderOptions& o) {
   for (const JointExit& j : slow) {
     out += fmt::format(
         "  {:>10.6f} {:>4} {:>7}  {:<30} {:>10} {:>10} {:>10} {:>10}{}\n",
-        static_cast<double>(j.kernel_start_ns) / 1e9, j.vcpu, j.tid, ExitName(j), UsText(j.kernel_ns),
-        UsText(j.before_ns), UsText(j.handler_ns), UsText(j.after_ns),
-        sched ? fmt::format(" {:>10} {:>10}", UsText(j.off_cpu_ns), UsText(j.off_cpu_runnable_ns)) : "");
+        static_cast<double>(j.kernel_start_ns) / 1e9, j.vcpu, j.tid, ExitName(j),
+        UsText(j.kernel_ns), UsText(j.before_ns), UsText(j.handler_ns), UsText(j.after_ns),
+        sched ? fmt::format(" {:>10} {:>10}", UsText(j.off_cpu_ns), UsText(j.off_cpu_runnable_ns))
+              : "");
   }
 
   const auto unmatched = [&](const char* side, const std::vector<JointUnmatched>& u) {

@@ -254,9 +254,9 @@ void AppendCsvRows(std::string& out, std::string_view scope, const analysis::Exi
     out += fmt::format("{},{},{},{},{},{},{:.4f},{},{:.4f},{},{},{:.1f},{:.4f},{},{},{},\n", scope,
                        g.vm >= 0 ? fmt::format("{}", g.vm) : "",
                        g.vcpu >= 0 ? fmt::format("{}", g.vcpu) : "", quote(r->key), quote(r->name),
-                       s.count(), PercentOf(s.count(), g.samples), s.sum(), PercentOf(s.sum(), g.time_ns),
-                       s.min(), s.max(), s.mean(), s.RelStdErrPercent(), s.Quantile(0.5),
-                       s.Quantile(0.99), s.Quantile(0.999));
+                       s.count(), PercentOf(s.count(), g.samples), s.sum(),
+                       PercentOf(s.sum(), g.time_ns), s.min(), s.max(), s.mean(),
+                       s.RelStdErrPercent(), s.Quantile(0.5), s.Quantile(0.99), s.Quantile(0.999));
   }
 }
 

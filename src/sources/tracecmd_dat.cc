@@ -30,6 +30,7 @@ extern "C" {
 #include <set>
 #include <string_view>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include <fmt/format.h>
@@ -584,13 +585,34 @@ void TraceCmdDat::Count(const void* data, int size) noexcept {
 
 std::vector<DatEventCount> TraceCmdDat::event_counts() const {
   std::vector<DatEventCount> out;
+  std::vector<std::pair<size_t, uint32_t>> unnamed;  // index into out, event id
   for (size_t id = 0; id < per_type_.size(); ++id) {
     if (per_type_[id] == 0) continue;
     tep_event* ev = tep_ ? tep_find_event(tep_, static_cast<int>(id)) : nullptr;
     if (ev != nullptr) {
       out.push_back({ev->system ? ev->system : "", ev->name ? ev->name : "", per_type_[id]});
     } else {
+      unnamed.push_back({out.size(), static_cast<uint32_t>(id)});
       out.push_back({fmt::format("#{}", id), "unknown", per_type_[id]});
+    }
+  }
+  // Events libtraceevent did not parse (dat::FormatsToParse) are named by their format's
+  // header lines; an id no format declares stays "unknown".
+  if (!unnamed.empty() && layout_) {
+    std::unordered_map<uint32_t, const Layout::Format*> declared;
+    for (const Layout::Format& f : layout_->formats) {
+      std::string_view name;
+      uint32_t fid = 0;
+      if (dat::ScanFormatHeader(f.text, &name, &fid)) declared.try_emplace(fid, &f);
+    }
+    for (const auto& [i, fid] : unnamed) {
+      const auto it = declared.find(fid);
+      if (it == declared.end()) continue;
+      std::string_view name;
+      uint32_t ignored = 0;
+      dat::ScanFormatHeader(it->second->text, &name, &ignored);
+      out[i].system = it->second->system;
+      out[i].name = std::string(name);
     }
   }
   std::sort(out.begin(), out.end(), [](const DatEventCount& a, const DatEventCount& b) {

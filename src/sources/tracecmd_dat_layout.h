@@ -181,11 +181,21 @@ struct FormatFailure {
   std::string system;
   int error;
 };
-// Builds a tep_handle from the file's header page and event formats, as libtracecmd does.
-// `progress` (when set) receives the file offset of each format before it is parsed.
+// The formats libtraceevent parses (indexes into L.formats): those of the systems the kvm
+// decoder reads (kvm, kvmmmu, sched), or, in a file with none, the first one (for the place
+// of common_type). A capture holds every event format of its host (about 2000 on Linux 6.18,
+// trace-cmd saves them all) and parsing one costs about 50 us, twice (the child, then this
+// process): the others are only named, by ScanFormatHeader.
+std::vector<size_t> FormatsToParse(const Layout& L);
+// The name and id a format text declares in its header lines ("name: kvm_exit\nID: 1234\n",
+// as the kernel writes them); false when it declares no name or no id.
+bool ScanFormatHeader(std::string_view text, std::string_view* name, uint32_t* id) noexcept;
+// Builds a tep_handle from the file's header page and the formats of FormatsToParse, as
+// libtracecmd does with all of them. `progress` (when set) receives the file offset of each
+// format before it is parsed.
 tep_handle* BuildTep(const Layout& L, volatile uint64_t* progress,
                      std::vector<FormatFailure>* failures = nullptr);
-// Parses every event format in a child process with capped memory and time first, so that a
+// Parses those formats in a child process with capped memory and time first, so that a
 // format that crashes or hangs libtraceevent is reported by offset instead.
 Status ProbeFormatsInChild(const Layout& L, const std::string& path, uint64_t file_size);
 

@@ -38,6 +38,47 @@ extern "C" {
 
 namespace exitscope::sources::dat {
 
+std::vector<size_t> FormatsToParse(const Layout& L) {
+  std::vector<size_t> out;
+  for (size_t i = 0; i < L.formats.size(); ++i) {
+    const std::string& s = L.formats[i].system;
+    if (s == "kvm" || s == "kvmmmu" || s == "sched") out.push_back(i);
+  }
+  if (out.empty() && !L.formats.empty()) out.push_back(0);
+  return out;
+}
+
+bool ScanFormatHeader(std::string_view text, std::string_view* name, uint32_t* id) noexcept {
+  bool have_name = false, have_id = false;
+  // The header lines come first; "format:" ends them.
+  for (int line = 0; line < 4 && !text.empty(); ++line) {
+    const size_t nl = text.find('\n');
+    std::string_view l = text.substr(0, nl);
+    text = nl == std::string_view::npos ? std::string_view() : text.substr(nl + 1);
+    if (l.starts_with("name:")) {
+      l.remove_prefix(5);
+      while (!l.empty() && (l.front() == ' ' || l.front() == '\t')) l.remove_prefix(1);
+      while (!l.empty() && (l.back() == ' ' || l.back() == '\t' || l.back() == '\r')) {
+        l.remove_suffix(1);
+      }
+      if (l.empty()) return false;
+      *name = l;
+      have_name = true;
+    } else if (l.starts_with("ID:")) {
+      l.remove_prefix(3);
+      while (!l.empty() && l.front() == ' ') l.remove_prefix(1);
+      uint32_t v = 0;
+      const auto [end, ec] = std::from_chars(l.data(), l.data() + l.size(), v);
+      if (ec != std::errc() || end == l.data()) return false;
+      *id = v;
+      have_id = true;
+    } else if (l.starts_with("format:")) {
+      break;
+    }
+  }
+  return have_name && have_id;
+}
+
 tep_handle* BuildTep(const Layout& L, volatile uint64_t* progress,
                      std::vector<FormatFailure>* failures) {
   tep_handle* tep = tep_alloc();
@@ -55,7 +96,8 @@ tep_handle* BuildTep(const Layout& L, volatile uint64_t* progress,
       failures) {
     failures->push_back({L.header_page_offset, "header_page", 0});
   }
-  for (const Layout::Format& f : L.formats) {
+  for (const size_t i : FormatsToParse(L)) {
+    const Layout::Format& f = L.formats[i];
     if (progress) *progress = f.offset;
     // A format libtraceevent refuses leaves its event undefined, as in trace-cmd report.
     const int rc = tep_parse_event(tep, f.text.data(), f.text.size(), f.system.c_str());

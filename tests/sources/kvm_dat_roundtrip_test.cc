@@ -167,5 +167,80 @@ TEST_F(KvmDatRoundTrip, TruncatedAnywhereIsReportedWithOffset) {
   }
 }
 
+// Open gives libtraceevent only the formats the kvm decoder reads (kvm, kvmmmu, sched): a real
+// capture holds every format of its host, about 2000. Records of any other event are still
+// counted, named from their format's header lines, as trace-cmd report names them; an id no
+// format declares stays "unknown".
+TEST(KvmDatOtherSystems, RecordsOfUnparsedEventsAreCountedByTheirName) {
+  RealKvmFormats formats;
+  ASSERT_GT(formats.loaded(), 0) << "kvm format files not found";
+  const fs::path dir = fs::path(::testing::TempDir()) /
+                       ("kvm_dat_other." + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "tracefs");
+  fs::copy(testing::KvmTestdata("tracefs-pvm-6.18/events"), dir / "tracefs/events",
+           fs::copy_options::recursive);
+  std::ofstream(dir / "tracefs/trace_clock") << "[local] global counter\n";
+  // irq_handler_entry as Linux 6.18's tracefs gives it (events/irq/irq_handler_entry/format).
+  fs::create_directories(dir / "tracefs/events/irq/irq_handler_entry");
+  std::ofstream(dir / "tracefs/events/irq/irq_handler_entry/format")
+      << "name: irq_handler_entry\nID: 225\nformat:\n"
+         "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n"
+         "\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;\n"
+         "\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;\n"
+         "\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n"
+         "\tfield:int irq;\toffset:8;\tsize:4;\tsigned:1;\n"
+         "\tfield:__data_loc char[] name;\toffset:12;\tsize:4;\tsigned:0;\n\n"
+         "print fmt: \"irq=%d name=%s\", REC->irq, __get_str(name)\n";
+  const std::string path = (dir / "other.dat").string();
+  TraceDatWriter::Layout layout;
+  layout.tracefs_dir = (dir / "tracefs").string();
+  layout.systems = {"kvm", "irq"};
+  layout.cpus = 1;
+  auto w = TraceDatWriter::Create(path, layout);
+  ASSERT_TRUE(w.has_value()) << w.error().message;
+  RingPageWriter pages([&w](const std::vector<uint8_t>& p) {
+    ASSERT_TRUE((*w)->AddPage(0, p.data(), p.size()).has_value());
+  });
+  // irq 11 "eth0": common fields, irq, __data_loc (length << 16 | offset), the string.
+  std::vector<uint8_t> irq(24, 0);
+  const uint16_t id = 225;
+  const int32_t pid = 0, line = 11;
+  const uint32_t loc = (5u << 16) | 16u;
+  std::memcpy(irq.data(), &id, 2);
+  std::memcpy(irq.data() + 4, &pid, 4);
+  std::memcpy(irq.data() + 8, &line, 4);
+  std::memcpy(irq.data() + 12, &loc, 4);
+  std::memcpy(irq.data() + 16, "eth0", 5);
+  std::vector<uint8_t> undeclared = irq;  // an id no format of the file declares
+  const uint16_t stray = 4000;
+  std::memcpy(undeclared.data(), &stray, 2);
+  uint64_t ts = 1'000'000'000;
+  for (int i = 0; i < 100; ++i) {
+    pages.Add(ts, formats.Build("kvm_exit", 500, {{"exit_reason", 12}, {"isa", 1}}));
+    pages.Add(ts + 300, irq);
+    pages.Add(ts + 700, formats.Build("kvm_entry", 500, {}));
+    ts += 5000;
+  }
+  pages.Add(ts, undeclared);
+  pages.Flush();
+  ASSERT_TRUE((*w)->Finish((dir / "tracefs").string()).has_value());
+
+  auto dat = TraceCmdDat::Open(path);
+  ASSERT_TRUE(dat.has_value()) << dat.error().message;
+  KvmPairer p({}, nullptr);
+  ASSERT_TRUE((*dat)->ReadAll(&p).has_value());
+  std::vector<std::string> counts;
+  for (const DatEventCount& c : (*dat)->event_counts()) {
+    counts.push_back(c.system + ":" + c.name + " " + std::to_string(c.count));
+  }
+  EXPECT_EQ(counts, (std::vector<std::string>{"#4000:unknown 1", "irq:irq_handler_entry 100",
+                                              "kvm:kvm_entry 100", "kvm:kvm_exit 100"}));
+  EXPECT_EQ((*dat)->records_read(), 301u);
+  EXPECT_EQ(p.stats().kernel_exits, 100u);
+  EXPECT_EQ(p.stats().records[static_cast<size_t>(KvmEventType::kOther)], 101u);
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace exitscope::sources

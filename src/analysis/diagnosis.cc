@@ -142,25 +142,57 @@ size_t DiagnosisBuilder::GroupOf(const std::string& cause, bool slow, bool open,
   return it->second;
 }
 
+size_t DiagnosisBuilder::MemoGroupOf(const ExitEvent& e, bool slow, bool open, bool in_kernel,
+                                     bool idle) {
+  const uint8_t bits = (slow ? 1 : 0) | (open ? 2 : 0) | (in_kernel ? 4 : 0);
+  for (const CauseMemo& m : memos_) {
+    if (m.group != SIZE_MAX && m.bits == bits && m.kind == e.subkey_kind && m.dir == e.dir &&
+        m.subkey == e.subkey && m.device_offset == e.device_offset && m.reason == e.reason &&
+        m.user_reason == e.user_reason && m.device == e.device && m.reg == e.reg) {
+      return m.group;
+    }
+  }
+  const size_t gi = GroupOf(DiagnosisCause(e), slow, open, in_kernel, idle);
+  CauseMemo& m = memos_[next_memo_];
+  next_memo_ = (next_memo_ + 1) % kCauseMemos;
+  m.reason = e.reason;
+  m.user_reason = e.user_reason;
+  m.device = e.device;
+  m.reg = e.reg;
+  m.subkey = e.subkey;
+  m.device_offset = e.device_offset;
+  m.kind = e.subkey_kind;
+  m.dir = e.dir;
+  m.bits = bits;
+  m.group = gi;
+  return gi;
+}
+
 DiagnosisVcpu& DiagnosisBuilder::Vcpu(uint32_t vm, uint32_t vcpu) {
-  DiagnosisVcpu& v = vcpus_[{vm, vcpu}];
+  if (last_vcpu_ != nullptr && last_vcpu_->vm == vm && last_vcpu_->vcpu == vcpu) {
+    return *last_vcpu_;
+  }
+  DiagnosisVcpu& v = vcpus_[{vm, vcpu}];  // map nodes never move
   v.vm = vm;
   v.vcpu = vcpu;
+  last_vcpu_ = &v;
   return v;
 }
 
 void DiagnosisBuilder::OnExit(const ExitEvent& e) {
   if (e.kernel_access) return;  // an access handled in the kernel, not an exit (event.h)
-  std::string cause;
-  if (options_.key) {
-    if (!options_.key(e, &cause)) return;
-  } else {
-    cause = DiagnosisCause(e);
-  }
   const bool open = e.end == ExitEnd::kOpenAtEnd;
   const bool idle = IsIdle(e);
   const bool slow = !idle && options_.slow.IsSlow(e);
   const bool in_kernel = e.side == Side::kKernel && !e.userspace;
+  size_t gi = 0;
+  if (options_.key) {
+    std::string cause;
+    if (!options_.key(e, &cause)) return;
+    gi = GroupOf(cause, slow, open, in_kernel, idle);
+  } else {
+    gi = MemoGroupOf(e, slow, open, in_kernel, idle);
+  }
   // A dump's open exit carries its time so far; a trace's carries none.
   const bool timed = e.end == ExitEnd::kSeen || (open && e.duration_ns != 0);
   const uint64_t d = timed ? e.duration_ns : 0;
@@ -176,14 +208,16 @@ void DiagnosisBuilder::OnExit(const ExitEvent& e) {
   first_ns_ = std::min(first_ns_, e.start_ns);
   last_ns_ = std::max(last_ns_, e.start_ns + d);
 
-  const size_t gi = GroupOf(cause, slow, open, in_kernel, idle);
   Group& g = groups_[gi];
   if (g.out.count == 0 || e.start_ns < g.out.first_ns) g.out.first_ns = e.start_ns;
   g.out.last_ns = std::max(g.out.last_ns, e.start_ns);
   ++g.out.count;
   g.out.lost_ns += d;
   if (timed) g.hist.Add(d);
-  g.vcpus[e.vcpu] = true;
+  if (g.last_vcpu != e.vcpu) {
+    g.vcpus[e.vcpu] = true;
+    g.last_vcpu = e.vcpu;
+  }
   if ((slow || open) && (e.flags & kExitFlagStalled) != 0) ++g.stuck;  // HLT waits: no evidence
   if (e.side == Side::kKernel && e.userspace) ++g.userspace;
   if (slow || open) {

@@ -39,6 +39,7 @@
 // Diagnosis::evidence_dropped says how many went without evidence.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -127,6 +128,12 @@ class DiagnosisBuilder final : public EventSink {
   static constexpr size_t kMaxStacks = 10000;
 
   explicit DiagnosisBuilder(DiagnosisOptions options);
+  // last_vcpu_ points into vcpus_: a copy would point into the original; a move takes the
+  // map's nodes with it (std::allocator), so the pointer stays valid.
+  DiagnosisBuilder(const DiagnosisBuilder&) = delete;
+  DiagnosisBuilder& operator=(const DiagnosisBuilder&) = delete;
+  DiagnosisBuilder(DiagnosisBuilder&&) = default;
+  DiagnosisBuilder& operator=(DiagnosisBuilder&&) = default;
   void OnExit(const ExitEvent& e) override;
   void OnDeviceEvent(const DeviceEvent& e) override;
   void OnFinding(const Finding& f) override;
@@ -141,6 +148,7 @@ class DiagnosisBuilder final : public EventSink {
     DiagnosisGroup out;
     base::LatencyHistogram hist;
     std::map<uint32_t, bool> vcpus;
+    uint32_t last_vcpu = UINT32_MAX;  // the vCPU last added to `vcpus`
     uint64_t stuck = 0;      // exits the watchdog saw stuck
     uint64_t userspace = 0;  // kernel sources: exits that reached the VMM
   };
@@ -159,6 +167,22 @@ class DiagnosisBuilder final : public EventSink {
     DiagnosisEvidence what;  // kind "stack", exits 0
   };
   size_t GroupOf(const std::string& cause, bool slow, bool open, bool in_kernel, bool idle);
+  // GroupOf(DiagnosisCause(e), ...), remembered for the last few exits' fields: exits come
+  // in runs of a few causes, and building the cause text costs more than the rest.
+  size_t MemoGroupOf(const ExitEvent& e, bool slow, bool open, bool in_kernel, bool idle);
+  // What DiagnosisCause and IsIdle read of an exit, and the group it went to.
+  struct CauseMemo {
+    std::string reason, user_reason, device, reg;
+    uint64_t subkey = 0, device_offset = 0;
+    SubKeyKind kind = SubKeyKind::kNone;
+    AccessDir dir = AccessDir::kNone;
+    uint8_t bits = 0;         // slow, open, in_kernel
+    size_t group = SIZE_MAX;  // SIZE_MAX: unused
+  };
+  static constexpr size_t kCauseMemos = 4;
+  std::array<CauseMemo, kCauseMemos> memos_{};
+  size_t next_memo_ = 0;
+  DiagnosisVcpu* last_vcpu_ = nullptr;
   DiagnosisVcpu& Vcpu(uint32_t vm, uint32_t vcpu);
 
   DiagnosisOptions options_;

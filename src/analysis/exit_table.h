@@ -18,6 +18,7 @@
 // LatencyStats. Exits open at end of capture are the caller's: they are in no row.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -86,16 +87,21 @@ class ExitGrouper {
   ExitGrouper(const ExitGrouper&) = delete;
   ExitGrouper& operator=(const ExitGrouper&) = delete;
 
-  // The row of `key`, created with make() -> RowText on first sight. Exits come in runs of
-  // one key: the previous row is tried before the hash.
+  // The row of `key`, created with make() -> RowText on first sight. Exits come in runs of a
+  // few keys (a vCPU's PIO then MMIO, two vCPUs interleaved): the last kRecent rows are
+  // tried before the hash.
   template <class MakeText>
   ExitRow& Row(const RowKey& key, MakeText&& make) {
-    if (last_ != nullptr && last_key_ == key) return *last_;
+    for (const Recent& r : recent_) {
+      if (r.row != nullptr && r.key == key) return *r.row;
+    }
     auto it = rows_.find(key);
     if (it == rows_.end()) it = Insert(key, make());
-    last_ = it->second;
-    last_key_ = it->first;  // views the row's own bytes
-    return *last_;
+    Recent& r = recent_[next_recent_];
+    next_recent_ = (next_recent_ + 1) % kRecent;
+    r.row = it->second;
+    r.key = it->first;  // views the row's own bytes
+    return *r.row;
   }
   // The row of `key`, nullptr when none.
   ExitRow* Find(const RowKey& key) const;
@@ -118,8 +124,13 @@ class ExitGrouper {
   ExitTable* table_;
   Index rows_;
   std::vector<std::unique_ptr<std::string>> names_;  // index key bytes that are no row's key
-  ExitRow* last_ = nullptr;
-  RowKey last_key_;
+  struct Recent {
+    ExitRow* row = nullptr;
+    RowKey key;
+  };
+  static constexpr size_t kRecent = 4;
+  std::array<Recent, kRecent> recent_{};
+  size_t next_recent_ = 0;
 };
 
 // Keys any source's exits can be grouped by (the kvm event classes of kvm_stats.h add perf's

@@ -98,36 +98,9 @@ KvmTepDecoder::KvmTepDecoder(tep_handle* tep) : tep_(tep) {
   }
 }
 
-uint64_t KvmTepDecoder::Read(const uint8_t* data, Field f) const noexcept {
-  switch (f.size) {
-    case 1:
-      return data[f.offset];
-    case 2: {
-      uint16_t v;
-      std::memcpy(&v, data + f.offset, 2);
-      return swap_ ? std::byteswap(v) : v;
-    }
-    case 4: {
-      uint32_t v;
-      std::memcpy(&v, data + f.offset, 4);
-      return swap_ ? std::byteswap(v) : v;
-    }
-    case 8: {
-      uint64_t v;
-      std::memcpy(&v, data + f.offset, 8);
-      return swap_ ? std::byteswap(v) : v;
-    }
-    default:
-      return 0;  // absent field (offset -1) or a size we do not read as a number
-  }
-}
-
 KvmEventType KvmTepDecoder::TypeOf(const tep_record* record) const noexcept {
-  if (record == nullptr || record->size < common_type_.offset + common_type_.size) {
-    return KvmEventType::kOther;
-  }
-  const uint64_t id = Read(static_cast<const uint8_t*>(record->data), common_type_);
-  return id < static_cast<uint64_t>(kIdMapSize) ? by_id_[id] : KvmEventType::kOther;
+  if (record == nullptr) return KvmEventType::kOther;
+  return TypeOfBytes(static_cast<const uint8_t*>(record->data), record->size);
 }
 
 bool KvmTepDecoder::Decode(const tep_record* record, uint32_t cpu, KvmRecord* out) noexcept {

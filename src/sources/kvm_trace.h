@@ -21,7 +21,9 @@
 #pragma once
 
 #include <array>
+#include <bit>
 #include <cstdint>
+#include <cstring>
 #include <string_view>
 
 struct tep_handle;
@@ -156,7 +158,34 @@ class KvmTepDecoder {
     std::array<Field, kMaxFields> f{};
   };
   static constexpr size_t Index(KvmEventType t) noexcept { return static_cast<size_t>(t); }
-  uint64_t Read(const uint8_t* data, Field f) const noexcept;
+  KvmEventType TypeOfBytes(const uint8_t* data, int size) const noexcept {
+    if (size < common_type_.offset + common_type_.size) return KvmEventType::kOther;
+    const uint64_t id = Read(data, common_type_);
+    return id < static_cast<uint64_t>(kIdMapSize) ? by_id_[id] : KvmEventType::kOther;
+  }
+  uint64_t Read(const uint8_t* data, Field f) const noexcept {
+    switch (f.size) {
+      case 1:
+        return data[f.offset];
+      case 2: {
+        uint16_t v;
+        std::memcpy(&v, data + f.offset, 2);
+        return swap_ ? std::byteswap(v) : v;
+      }
+      case 4: {
+        uint32_t v;
+        std::memcpy(&v, data + f.offset, 4);
+        return swap_ ? std::byteswap(v) : v;
+      }
+      case 8: {
+        uint64_t v;
+        std::memcpy(&v, data + f.offset, 8);
+        return swap_ ? std::byteswap(v) : v;
+      }
+      default:
+        return 0;  // absent field (offset -1) or a size we do not read as a number
+    }
+  }
 
   tep_handle* tep_;
   bool swap_ = false;

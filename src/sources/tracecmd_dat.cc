@@ -576,11 +576,7 @@ void TraceCmdDat::Count(const void* data, int size) noexcept {
   } else {
     return;
   }
-  if (type >= per_type_.size()) {
-    if (type > 0xffff) return;
-    per_type_.resize(type + 1, 0);
-  }
-  ++per_type_[type];
+  if (type < per_type_.size()) ++per_type_[type];  // ids above 0xffff are not counted
 }
 
 std::vector<DatEventCount> TraceCmdDat::event_counts() const {
@@ -628,7 +624,7 @@ Status TraceCmdDat::ReadAll(KvmPairer* pairer) {
   fast_pages_ = 0;
   checked_pages_ = 0;
   read_threads_ = 1;
-  per_type_.assign(per_type_.size(), 0);
+  per_type_.assign(kCountedIds, 0);
   used_mapped_ = allow_mapped_;
   Status s = allow_mapped_ ? ReadOwn(pairer, &decoder) : ReadLibTraceCmd(pairer, nullptr);
   if (!s) return s;
@@ -760,6 +756,8 @@ Status TraceCmdDat::ReadOwn(KvmPairer* pairer, KvmTepDecoder* decoder) {
     }
     std::make_heap(heap.begin(), heap.end(), std::greater<>());
   }
+  const bool count_u16 = type_offset_ >= 0 && type_size_ == 2 && !swap_;
+  const uint32_t count_end = static_cast<uint32_t>(type_offset_ + type_size_);
   KvmRecord rec;
   KvmRecord other;
   other.type = KvmEventType::kOther;
@@ -788,7 +786,13 @@ Status TraceCmdDat::ReadOwn(KvmPairer* pairer, KvmTepDecoder* decoder) {
     r.cpu = static_cast<int>(cpu);
     ++read;
     ++c.count;
-    Count(r.data, r.size);
+    if (count_u16 && c.size >= count_end) {  // the common layout: a little-endian u16 id
+      uint16_t id;
+      std::memcpy(&id, c.data + type_offset_, 2);
+      ++per_type_[id];
+    } else {
+      Count(r.data, r.size);
+    }
     if (decoder->Decode(&r, cpu, &rec)) {
       pairer->Feed(rec);
     } else {

@@ -141,7 +141,8 @@ class TraceCmdDat {
   int type_offset_ = -1;
   int type_size_ = 0;
   bool swap_ = false;
-  std::vector<uint64_t> per_type_;
+  static constexpr size_t kCountedIds = 0x10000;  // event ids are u16 in every kernel
+  std::vector<uint64_t> per_type_;                 // records per event id (512 KiB)
 };
 
 }  // namespace exitscope::sources

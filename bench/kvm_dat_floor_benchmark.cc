@@ -2,7 +2,8 @@
 // floor no reader goes below (loading its CPU data: decompressing the chunks), against
 // `trace-cmd report` and against `perf script`, all in one run on the same capture.
 //
-//   build/bench/kvm_dat_floor_benchmark [CAPTURE.dat] [--record DIR [--iterations N]] [--runs N]
+//   build/bench/kvm_dat_floor_benchmark [CAPTURE.dat] [--record DIR [--iterations N]]
+//       [--tile N [--keep DIR]] [--runs N]
 //
 // CAPTURE: a .dat (default: the largest committed one under testdata/, excluding the crash
 // files). --record DIR: where /dev/kvm is usable, first records an exit-heavy guest
@@ -13,6 +14,17 @@
 // `perf record -e 'kvm:*'` for the perf script row. Without /dev/kvm it says so and measures
 // CAPTURE: no perf.data of kvm events can be made on such a host (nothing fires them), so
 // the perf row is left out, said so.
+// --tile N: measures instead a capture built from a real one (CAPTURE, default
+// testdata/kvm/pvm-user64-pio-mmio-hlt.dat): its CPU data repeated N times, each CPU's
+// ring-buffer pages on the same CPU, byte for byte but for the page header's timestamp,
+// shifted by k * (span + 1 %) for repetition k; its own metadata (header_page, every event
+// format, clock). Built with trace-cmd: `convert --file-version 6` of CAPTURE, the v6 CPU
+// data repeated, then `convert --file-version 7 --compression zstd`; in a temporary directory,
+// or DIR with --keep (tiled.dat). Derived data, not a new recording, and said so: real
+// entropy for the floor (a synthetic capture compresses 30x), the real format count for the
+// open, where no large capture can be recorded. An exit still open at the end of one
+// repetition pairs with its vCPU's first entry of the next. Without trace-cmd it says so and
+// exits 0.
 //
 // Rows (wall clock, best of --runs, default 3):
 //   open             KvmInput::Open: the layout checked, the formats parsed (in a child
@@ -27,6 +39,10 @@
 //   trace-cmd report, perf script (when they can run)
 // and the ratios: report / floor (issue 27 asks for <= 2) and trace-cmd report / kvm report
 // (asks for >= 25 on a >= 1 M-event zstd capture).
+// With --tile, a first line says what was built ("tiled capture: ...'s CPU data repeated N
+// times ... derived data, not a new recording": records, size, version, compression); the
+// rows and ratios are those of any capture, and the records read must be those the tiled
+// pages hold (else a MISMATCH line, exit 1).
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -36,8 +52,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -46,6 +65,7 @@
 #include "analysis/kvm_stats.h"
 #include "sources/kvm_input.h"
 #include "sources/kvm_pairing.h"
+#include "sources/ring_page.h"
 #include "sources/tracecmd_dat.h"
 
 namespace fs = std::filesystem;
@@ -115,15 +135,198 @@ double Report(const std::string& dat, int threads, bool fast, uint64_t* records,
   return t;
 }
 
+// --tile: a capture made of a real capture's CPU data repeated.
+
+std::string TempDir;  // the --tile work directory when not --keep: removed at exit
+void RemoveTempDir() {
+  std::error_code ec;
+  if (!TempDir.empty()) fs::remove_all(TempDir, ec);
+}
+
+std::string ReadWhole(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) Die("cannot read " + path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// A little-endian reader of a version 6 file's metadata (the layout tracecmd_dat_layout.cc
+// parses), only to find where the flyrecord CPU table is.
+struct V6Cursor {
+  std::string_view f;
+  uint64_t pos = 0;
+  bool ok = true;
+  uint64_t U(int n) {
+    uint64_t v = 0;
+    if (!ok || f.size() - pos < static_cast<uint64_t>(n)) {
+      ok = false;
+      return 0;
+    }
+    std::memcpy(&v, f.data() + pos, n);
+    pos += n;
+    return v;
+  }
+  void Skip(uint64_t n) {
+    if (!ok || f.size() - pos < n) ok = false;
+    if (ok) pos += n;
+  }
+  void Str() {
+    const size_t end = ok ? f.find('\0', pos) : std::string_view::npos;
+    if (end == std::string_view::npos) ok = false;
+    if (ok) pos = end + 1;
+  }
+  bool Tag(std::string_view tag) {  // tag + NUL
+    if (!ok || f.size() - pos < tag.size() + 1 || f.substr(pos, tag.size()) != tag ||
+        f[pos + tag.size()] != '\0') {
+      return ok = false;
+    }
+    pos += tag.size() + 1;
+    return true;
+  }
+};
+
+// The version 6 file `f` (as `trace-cmd convert --file-version 6` writes it: one flat
+// layout, uncompressed): the offset of its flyrecord CPU table (after the options), the CPU
+// count and the page size. Dies on anything else (big-endian, 4-byte longs, instances).
+uint64_t V6CpuTable(std::string_view f, uint32_t* cpus, uint32_t* page_size) {
+  V6Cursor b{f, 10};  // the magic "\x17\x08\x44tracing"
+  const auto fail = [&](const char* what) {
+    Die(fmt::format("tile: version 6 file: {} (offset {})", what, b.pos));
+  };
+  if (f.size() < 12 || f.substr(b.pos, 2) != std::string_view("6\0", 2)) fail("not version 6");
+  b.Str();
+  if (b.U(1) != 0 || b.U(1) != 8) fail("big-endian or 4-byte longs: not tiled");
+  *page_size = static_cast<uint32_t>(b.U(4));
+  if (!b.Tag("header_page")) fail("no header_page");
+  b.Skip(b.U(8));
+  if (!b.Tag("header_event")) fail("no header_event");
+  b.Skip(b.U(8));
+  for (uint64_t n = b.U(4), i = 0; b.ok && i < n; ++i) b.Skip(b.U(8));  // ftrace formats
+  for (uint64_t systems = b.U(4), s = 0; b.ok && s < systems; ++s) {    // event formats
+    b.Str();
+    for (uint64_t n = b.U(4), i = 0; b.ok && i < n; ++i) b.Skip(b.U(8));
+  }
+  b.Skip(b.U(4));  // kallsyms
+  b.Skip(b.U(4));  // printk formats
+  b.Skip(b.U(8));  // saved cmdlines
+  *cpus = static_cast<uint32_t>(b.U(4));
+  while (b.ok) {
+    if (b.Tag("flyrecord")) break;
+    b.ok = true;
+    if (!b.Tag("options  ")) fail("expected options or flyrecord section");
+    for (uint64_t id = b.U(2); b.ok && id != 0; id = b.U(2)) {
+      if (id == 3) fail("a BUFFER option (instances): not tiled");
+      b.Skip(b.U(4));
+    }
+  }
+  if (!b.ok || f.size() - b.pos < uint64_t{*cpus} * 16) fail("truncated before the CPU table");
+  if (*page_size < 64 || (*page_size & (*page_size - 1)) != 0) fail("page size");
+  return b.pos;
+}
+
+struct Tiled {
+  std::string path;
+  uint64_t records = 0;  // as the pages hold them: the original's times `times`
+};
+
+// Builds in `dir` a version 7 zstd capture made of `source`'s CPU data repeated `times` times,
+// each CPU's pages on the same CPU, byte for byte but for the page header's timestamp, shifted
+// by k * (span + gap) for repetition k; the metadata (header_page, every event format, clock,
+// options) is the source's own. Through trace-cmd: `convert --file-version 6` (one flat
+// uncompressed layout), this tiling of the v6 file, then `convert --file-version 7
+// --compression zstd` (chunks as trace-cmd writes them).
+Tiled Tile(const std::string& source, int times, const std::string& dir) {
+  const std::string v6 = dir + "/source-v6.dat", tiled6 = dir + "/tiled-v6.dat";
+  Tiled out{dir + "/tiled.dat"};
+  if (TimeCommand(fmt::format("trace-cmd convert -i '{}' --file-version 6 -o '{}'", source, v6)) <
+      0) {
+    Die("tile: trace-cmd convert --file-version 6 of " + source + " failed");
+  }
+  const std::string f = ReadWhole(v6);
+  uint32_t cpus = 0, page = 0;
+  const uint64_t table = V6CpuTable(f, &cpus, &page);
+  std::vector<std::string_view> cpu(cpus);  // each CPU's pages in `f`
+  V6Cursor t{f, table};
+  uint64_t first = UINT64_MAX, last = 0, records = 0;
+  std::vector<exitscope::sources::RingEvent> events;
+  for (uint32_t c = 0; c < cpus; ++c) {
+    const uint64_t off = t.U(8), size = t.U(8);
+    if (off > f.size() || size > f.size() - off || size % page != 0) {
+      Die(fmt::format("tile: CPU {} data [{}, +{}) outside the file or not whole pages", c, off,
+                      size));
+    }
+    cpu[c] = std::string_view(f).substr(off, size);
+    for (uint64_t p = 0; p < size; p += page) {
+      const auto* pg = reinterpret_cast<const uint8_t*>(f.data() + off + p);
+      if (!exitscope::sources::WalkRingPageFast(pg, page, &events)) {
+        Die(
+            fmt::format("tile: CPU {} page at offset {}: not walked (long records or absolute "
+                        "time stamps): its last timestamp is unknown, not tiled",
+                        c, off + p));
+      }
+      uint64_t ts = 0;
+      std::memcpy(&ts, pg, 8);
+      first = std::min(first, ts);
+      last = std::max(last, ts);
+      for (const auto& e : events) last = std::max(last, e.ts);
+      records += events.size();
+    }
+  }
+  if (records == 0) Die("tile: " + source + " holds no records");
+  const uint64_t span = last - first;
+  const uint64_t shift = span + std::max<uint64_t>(span / 100, 1);  // the gap: 1% of the span
+  if (shift > (UINT64_MAX - last) / static_cast<uint64_t>(times)) {
+    Die("tile: the shifted timestamps would overflow 64 bits");
+  }
+  // The v6 file: its metadata as it is, a new CPU table, each CPU's pages `times` times.
+  std::string head = f.substr(0, table);
+  const uint64_t data_at = (table + uint64_t{cpus} * 16 + page - 1) / page * page;
+  uint64_t at = data_at;
+  for (std::string_view c : cpu) {
+    const uint64_t size = c.size() * static_cast<uint64_t>(times);
+    head.append(reinterpret_cast<const char*>(&at), 8);
+    head.append(reinterpret_cast<const char*>(&size), 8);
+    at += size;
+  }
+  head.resize(data_at, '\0');
+  std::ofstream o(tiled6, std::ios::binary);
+  o.write(head.data(), static_cast<std::streamsize>(head.size()));
+  std::string pages;
+  for (std::string_view c : cpu) {
+    for (int k = 0; k < times; ++k) {
+      pages.assign(c);
+      for (size_t p = 0; p < pages.size(); p += page) {
+        uint64_t ts = 0;
+        std::memcpy(&ts, pages.data() + p, 8);
+        ts += static_cast<uint64_t>(k) * shift;
+        std::memcpy(pages.data() + p, &ts, 8);
+      }
+      o.write(pages.data(), static_cast<std::streamsize>(pages.size()));
+    }
+  }
+  o.close();
+  if (!o) Die("tile: cannot write " + tiled6);
+  if (TimeCommand(fmt::format("trace-cmd convert -i '{}' --file-version 7 --compression zstd -o "
+                              "'{}'",
+                              tiled6, out.path)) < 0) {
+    Die("tile: trace-cmd convert --file-version 7 --compression zstd of " + tiled6 + " failed");
+  }
+  out.records = records * static_cast<uint64_t>(times);
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string capture, record_dir;
+  std::string capture, record_dir, keep_dir;
   uint64_t iterations = 60000;
-  int runs = 3;
+  int runs = 3, tile = 0;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--record") && i + 1 < argc) {
       record_dir = argv[++i];
+    } else if (!std::strcmp(argv[i], "--tile") && i + 1 < argc && std::atoi(argv[i + 1]) > 0) {
+      tile = std::atoi(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--keep") && i + 1 < argc) {
+      keep_dir = argv[++i];
     } else if (!std::strcmp(argv[i], "--iterations") && i + 1 < argc) {
       iterations = std::strtoull(argv[++i], nullptr, 10);
     } else if (!std::strcmp(argv[i], "--runs") && i + 1 < argc) {
@@ -131,10 +334,16 @@ int main(int argc, char** argv) {
     } else if (argv[i][0] != '-' && capture.empty()) {
       capture = argv[i];
     } else {
-      std::fprintf(stderr, "usage: %s [CAPTURE.dat] [--record DIR [--iterations N]] [--runs N]\n",
+      std::fprintf(stderr,
+                   "usage: %s [CAPTURE.dat] [--record DIR [--iterations N]] [--tile N [--keep "
+                   "DIR]] [--runs N]\n",
                    argv[0]);
       return 2;
     }
+  }
+  if (tile > 0 && !record_dir.empty()) {
+    std::fprintf(stderr, "kvm_dat_floor_benchmark: --tile and --record exclude each other\n");
+    return 2;
   }
   const std::string cli = std::string(EXITSCOPE_BINARY_DIR) + "/exitscope";
   std::string perf_data;
@@ -170,6 +379,41 @@ int main(int argc, char** argv) {
         }
       }
     }
+  }
+  uint64_t tiled_records = 0;
+  if (tile > 0) {
+    if (!Have("trace-cmd")) {
+      std::printf(
+          "trace-cmd: not installed, --tile cannot build its capture (it converts "
+          "with trace-cmd): nothing measured\n");
+      return 0;
+    }
+    const fs::path src_dir(EXITSCOPE_SOURCE_DIR);
+    const std::string source =
+        capture.empty() ? (src_dir / "testdata/kvm/pvm-user64-pio-mmio-hlt.dat").string() : capture;
+    std::string dir = keep_dir;
+    if (dir.empty()) {
+      std::string tmpl = (fs::temp_directory_path() / "kvm-dat-tile-XXXXXX").string();
+      if (!::mkdtemp(tmpl.data())) Die("cannot make a temporary directory");
+      dir = TempDir = tmpl;
+      std::atexit(RemoveTempDir);
+    } else {
+      fs::create_directories(dir);
+    }
+    const Tiled t = Tile(source, tile, dir);
+    capture = t.path;
+    tiled_records = t.records;
+    auto d = exitscope::sources::TraceCmdDat::Open(capture);
+    if (!d) Die(d.error().message);
+    const std::string rel = fs::path(source).lexically_proximate(src_dir).string();
+    std::printf(
+        "tiled capture: %s's CPU data repeated %d times (real records and formats, "
+        "timestamps shifted; derived data, not a new recording): %llu records, %.2f MB, "
+        "v%d %s%s\n",
+        rel.starts_with("..") ? source.c_str() : rel.c_str(), tile,
+        static_cast<unsigned long long>(t.records),
+        static_cast<double>(fs::file_size(capture)) / 1e6, (*d)->version(),
+        (*d)->compression().c_str(), keep_dir.empty() ? "" : (", kept: " + capture).c_str());
   }
   if (capture.empty()) capture = LargestCommittedDat();
   if (capture.empty()) Die("no capture given and no .dat under testdata/");
@@ -250,6 +494,12 @@ int main(int argc, char** argv) {
   if (t_tc > 0 && t_cli > 0) {
     std::printf("ratio trace-cmd report/exitscope kvm report (whole processes): %.1fx\n",
                 t_tc / t_cli);
+  }
+  if (tile > 0 && records != tiled_records) {
+    std::printf("tiled capture: %llu records read, %llu in its pages: MISMATCH\n",
+                static_cast<unsigned long long>(records),
+                static_cast<unsigned long long>(tiled_records));
+    return 1;
   }
   if (records < 1'000'000) {
     std::printf(

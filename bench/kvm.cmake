@@ -9,7 +9,8 @@ target_compile_definitions(kvm_report_benchmark PRIVATE
 # kvm report at the decompression floor (issue 27): one capture, the floor (pages loaded,
 # chunks decompressed), the report (fast path, checked path, threads), trace-cmd report and
 # perf script, with the ratios.
-#   build/bench/kvm_dat_floor_benchmark [CAPTURE.dat] [--record DIR [--iterations N]] [--runs N]
+#   build/bench/kvm_dat_floor_benchmark [CAPTURE.dat] [--record DIR [--iterations N] | --tile N]
+#     [--keep DIR] [--runs N]
 add_executable(kvm_dat_floor_benchmark ${CMAKE_CURRENT_LIST_DIR}/kvm_dat_floor_benchmark.cc)
 target_link_libraries(kvm_dat_floor_benchmark PRIVATE exitscope_analysis exitscope_sources
   fmt::fmt)

@@ -33,8 +33,9 @@
 //   report, 1 thread the in-process report (KvmPairer + KvmAggregator fed by the reader, as
 //                    `kvm report` runs them), fast path, EXITSCOPE_DAT_THREADS=1
 //   report, checked  the same through the checked path (kbuffer) only
-//   report           the same with the default threads (one per CPU stream on several cores,
-//                    from 8 MiB of CPU data), then with one per stream forced
+//   report           the same with the default threads (one decompressing thread per
+//                    compressed CPU stream on several cores, from 8 MiB of decompressed CPU
+//                    data), then with them forced
 //   kvm report CLI   the exitscope binary, output discarded
 //   trace-cmd report, perf script (when they can run)
 // and the ratios: report / floor (issue 27 asks for <= 2) and trace-cmd report / kvm report
@@ -458,7 +459,7 @@ int main(int argc, char** argv) {
   row("report, checked path, 1 thread", t_checked, "every page through kbuffer");
   row("report, fast path, default", t_auto, fmt::format("{} reading thread(s)", used));
   row("report, fast path, threads forced", t_forced,
-      fmt::format("{} reading thread(s): one per CPU stream", forced_used));
+      fmt::format("{} reading thread(s): one per compressed CPU stream", forced_used));
 
   double t_cli = -1;
   if (fs::exists(cli)) {

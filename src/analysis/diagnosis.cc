@@ -126,6 +126,21 @@ DiagnosisBuilder::DiagnosisBuilder(DiagnosisOptions options) : options_(std::mov
 
 size_t DiagnosisBuilder::GroupOf(const std::string& cause, bool slow, bool open, bool in_kernel,
                                  bool idle) {
+  const uint8_t bits = (slow ? 1 : 0) | (open ? 2 : 0) | (in_kernel ? 4 : 0);
+  for (const TextMemo& m : text_memos_) {
+    if (m.group != SIZE_MAX && m.bits == bits && m.cause == cause) return m.group;
+  }
+  const size_t gi = IndexGroup(cause, slow, open, in_kernel, idle);
+  TextMemo& m = text_memos_[next_text_memo_];
+  next_text_memo_ = (next_text_memo_ + 1) % kCauseMemos;
+  m.cause = cause;
+  m.bits = bits;
+  m.group = gi;
+  return gi;
+}
+
+size_t DiagnosisBuilder::IndexGroup(const std::string& cause, bool slow, bool open, bool in_kernel,
+                                    bool idle) {
   scratch_ = cause;
   scratch_ += '\0';
   scratch_ += static_cast<char>('0' + (slow ? 1 : 0) + (open ? 2 : 0) + (in_kernel ? 4 : 0));

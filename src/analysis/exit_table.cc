@@ -59,6 +59,9 @@ bool Before(const ExitRow* a, const ExitRow* b, RowOrder order) {
 }  // namespace
 
 ExitRow* ExitGrouper::Find(const RowKey& key) const {
+  for (const Recent& r : recent_) {
+    if (r.row != nullptr && r.key == key) return r.row;
+  }
   const auto it = rows_.find(key);
   return it == rows_.end() ? nullptr : it->second;
 }

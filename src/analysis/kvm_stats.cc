@@ -200,7 +200,11 @@ bool KvmAggregator::Admit(const ExitEvent& e, RowKey* key, uint64_t n) {
 bool KvmAggregator::RowKeyText(const ExitEvent& e, std::string* text) const {
   RowKey key;
   if (!Keeps(e, &key)) return false;
-  *text = KeyText(key);
+  if (const ExitRow* row = all_->Find(key)) {  // its text, without formatting it again
+    *text = row->key;
+  } else {
+    *text = KeyText(key);
+  }
   return true;
 }
 

@@ -128,6 +128,8 @@ bool PageIsSane(const uint8_t* page, uint32_t page_size, uint32_t long_size, boo
 // the fast walk (ring_page.h) when it is sure of them, else through PageIsSane and kbuffer.
 // Owns no state shared with other streams but `live` (the single-threaded reader passes
 // one counter for all; the threaded one a counter per stream, see ReadOwn).
+class ChunkPrefetch;
+
 class StreamCursor {
  public:
   enum Kind : uint8_t { kEvent, kLost, kError, kEnd };
@@ -268,44 +270,10 @@ class StreamCursor {
       return 1;
     }
     if (chunk_pos_ >= chunk_bytes_) {
-      if (chunks_left_ == 0) return 0;
-      Bytes h(std::string_view(reinterpret_cast<const char*>(x_.map), x_.map_size), x_.L->big);
-      h.Seek(pos_);
-      uint64_t csize = 0, usize = 0;
-      if (!h.U(4, &csize) || !h.U(4, &usize) || csize > x_.map_size - h.offset() ||
-          usize > kMaxChunk || usize % page != 0) {
-        error_ = Fail(ErrorCode::kCorrupt, fmt::format("{}: offset {}: corrupt CPU {} chunk header",
-                                                       *x_.path, pos_, cpu_));
-        return -1;
-      }
-      const uint64_t need = usize + kPad;
-      if (need > chunk_.size()) {
-        *live += need - chunk_.size();
-        const uint64_t budget = std::min<uint64_t>(kMaxLiveChunks, 4096 * x_.map_size);
-        if (*live > budget) {
-          error_ = Fail(ErrorCode::kCorrupt,
-                        fmt::format("{}: offset {}: corrupt file: CPU data chunks would hold "
-                                    "{} bytes at once (limit {})",
-                                    *x_.path, pos_, *live, budget));
-          return -1;
-        }
-        chunk_.resize(need);
-      }
-      std::memset(chunk_.data() + usize, 0, kPad);
-      if (!Codecs::Get().Decompress(x_.L->compression, x_.map + h.offset(), csize, chunk_.data(),
-                                    usize)) {
-        error_ = Fail(ErrorCode::kCorrupt,
-                      fmt::format("{}: offset {}: corrupt file: CPU {} chunk does not "
-                                  "decompress ({}, {} -> {} bytes)",
-                                  *x_.path, pos_, cpu_, x_.L->compression, csize, usize));
-        return -1;
-      }
-      chunk_offset_ = pos_;
-      chunk_bytes_ = usize;
+      const int r = prefetch_ != nullptr ? TakePrefetched()
+                                         : LoadChunk(&chunk_, &chunk_bytes_, &chunk_offset_, live);
+      if (r <= 0) return r;
       chunk_pos_ = 0;
-      pos_ = h.offset() + csize;
-      --chunks_left_;
-      ++chunks_;
     }
     *p = chunk_.data() + chunk_pos_;
     *off = chunk_offset_;
@@ -313,7 +281,77 @@ class StreamCursor {
     return 1;
   }
 
+  // Decompresses the stream's next chunk into *buf (grown as needed, `live` counting the
+  // growth against the bound): 1 (*usize_out and *offset_out set: its size and where its
+  // header is), 0 at the end, -1 with error_ set. Called by NextPage, or by the stream's
+  // prefetching thread (ChunkPrefetch), which then alone touches pos_, chunks_left_, chunks_
+  // and error_ until it has stopped.
+  int LoadChunk(std::vector<uint8_t>* buf, size_t* usize_out, uint64_t* offset_out,
+                uint64_t* live) {
+    const uint32_t page = x_.L->page_size;
+    if (chunks_left_ == 0) return 0;
+    Bytes h(std::string_view(reinterpret_cast<const char*>(x_.map), x_.map_size), x_.L->big);
+    h.Seek(pos_);
+    uint64_t csize = 0, usize = 0;
+    if (!h.U(4, &csize) || !h.U(4, &usize) || csize > x_.map_size - h.offset() ||
+        usize > kMaxChunk || usize % page != 0) {
+      error_ = Fail(ErrorCode::kCorrupt, fmt::format("{}: offset {}: corrupt CPU {} chunk header",
+                                                     *x_.path, pos_, cpu_));
+      return -1;
+    }
+    const uint64_t need = usize + kPad;
+    if (need > buf->size()) {
+      *live += need - buf->size();
+      const uint64_t budget = std::min<uint64_t>(kMaxLiveChunks, 4096 * x_.map_size);
+      if (*live > budget) {
+        error_ = Fail(ErrorCode::kCorrupt,
+                      fmt::format("{}: offset {}: corrupt file: CPU data chunks would hold "
+                                  "{} bytes at once (limit {})",
+                                  *x_.path, pos_, *live, budget));
+        return -1;
+      }
+      buf->resize(need);
+    }
+    std::memset(buf->data() + usize, 0, kPad);
+    if (!Codecs::Get().Decompress(x_.L->compression, x_.map + h.offset(), csize, buf->data(),
+                                  usize)) {
+      error_ = Fail(ErrorCode::kCorrupt,
+                    fmt::format("{}: offset {}: corrupt file: CPU {} chunk does not "
+                                "decompress ({}, {} -> {} bytes)",
+                                *x_.path, pos_, cpu_, x_.L->compression, csize, usize));
+      return -1;
+    }
+    *offset_out = pos_;
+    *usize_out = usize;
+    pos_ = h.offset() + csize;
+    --chunks_left_;
+    ++chunks_;
+    return 1;
+  }
+
+  // Decompressed bytes of this stream's chunks, from their headers up to the first one out
+  // of bounds.
+  uint64_t ChunkBytes() const {
+    if (!compressed_) return 0;
+    Bytes h(std::string_view(reinterpret_cast<const char*>(x_.map), x_.map_size), x_.L->big);
+    uint64_t pos = pos_, total = 0;
+    for (uint64_t i = 0; i < chunks_left_; ++i) {
+      h.Seek(pos);
+      uint64_t csize = 0, usize = 0;
+      if (!h.U(4, &csize) || !h.U(4, &usize) || csize > x_.map_size - h.offset()) return total;
+      total += usize;
+      pos = h.offset() + csize;
+    }
+    return total;
+  }
+
+  bool compressed() const { return compressed_; }
+  // Chunks come from `p` (started on this cursor) instead of LoadChunk on this thread.
+  void set_prefetch(ChunkPrefetch* p) { prefetch_ = p; }
+
  private:
+  friend class ChunkPrefetch;
+  int TakePrefetched();  // after ChunkPrefetch
   enum KbufState : uint8_t { kNone, kFirst, kMore };
   Ctx x_;
   uint32_t cpu_;
@@ -324,6 +362,7 @@ class StreamCursor {
   std::vector<uint8_t> chunk_;  // one decompressed chunk + kPad
   size_t chunk_bytes_ = 0, chunk_pos_ = 0;
   uint64_t chunk_offset_ = 0;
+  ChunkPrefetch* prefetch_ = nullptr;
   kbuffer* kbuf_ = nullptr;
   KbufState kbuf_state_ = kNone;
   const uint8_t* page_ = nullptr;
@@ -333,35 +372,28 @@ class StreamCursor {
   Status error_;
 };
 
-// CPU data (bytes in the file) from which ReadOwn reads with threads by default.
+// Decompressed CPU data from which ReadOwn decompresses on threads by default.
 constexpr uint64_t kThreadedFrom = 8ull << 20;
 
-// The threaded reader's hand-over: a worker runs one StreamCursor and passes its items, the
-// record bytes copied, in batches through a bounded queue to the merging thread.
-struct Item {
-  StreamCursor::Kind kind;
-  uint32_t size = 0;
-  uint64_t at = 0;  // record bytes at Batch::bytes[at]
-  unsigned long long ts = 0;
-  int64_t lost = 0;
-};
-struct Batch {
-  std::vector<Item> items;
-  std::vector<uint8_t> bytes;
-};
-
-class StreamWorker {
+// Decompresses one compressed stream's chunks on a thread of its own, at most kAhead ahead
+// of its cursor. The cursor still walks the pages, and the records are still merged, decoded
+// and paired on the calling thread in the same order, so the result is the same; a chunk
+// that fails (header, bound, decompression) is reported when the cursor reaches it, as
+// without the thread. Buffers are recycled: at most kAhead + 2 per stream exist at once.
+class ChunkPrefetch {
  public:
-  static constexpr size_t kBatchItems = 2048;
-  static constexpr size_t kMaxBatches = 4;  // per stream, in flight
+  static constexpr size_t kAhead = 2;
+  static constexpr uint64_t kBuffers = kAhead + 2;
 
-  explicit StreamWorker(StreamCursor* cursor) : cursor_(cursor) {}
-  ~StreamWorker() { Stop(); }
+  explicit ChunkPrefetch(StreamCursor* cursor) : cursor_(cursor) {}
+  ~ChunkPrefetch() { Stop(); }
+  ChunkPrefetch(const ChunkPrefetch&) = delete;
+  ChunkPrefetch& operator=(const ChunkPrefetch&) = delete;
 
   void Start() {
     thread_ = std::thread([this] { Run(); });
   }
-  // Ends the worker (early: the merge stopped at an error) and waits for it.
+  // Ends the thread (early: the merge stopped at an error) and waits for it.
   void Stop() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -370,61 +402,52 @@ class StreamWorker {
     cv_.notify_all();
     if (thread_.joinable()) thread_.join();
   }
-  // The next item; its bytes stay valid until the next call.
-  const Item& Next(const uint8_t** data) {
-    if (cur_ == nullptr || pos_ >= cur_->items.size()) {
-      std::unique_lock<std::mutex> lock(mu_);
-      if (cur_ != nullptr) free_.push_back(std::move(cur_));
-      cv_.notify_all();
-      cv_.wait(lock, [&] { return !full_.empty(); });
-      cur_ = std::move(full_.front());
-      full_.pop_front();
-      pos_ = 0;
+  // The cursor's side: its next chunk into c->chunk_ (the one it read goes back to the
+  // thread). 1, 0 at the end, -1 with the cursor's error set (by the thread).
+  int Take(StreamCursor* c) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !ready_.empty(); });
+    Chunk ch = std::move(ready_.front());
+    ready_.pop_front();
+    if (ch.result == 1) {
+      free_.push_back(std::move(c->chunk_));
+      c->chunk_ = std::move(ch.buf);
+      c->chunk_bytes_ = ch.usize;
+      c->chunk_offset_ = ch.offset;
     }
-    const Item& it = cur_->items[pos_++];
-    *data = cur_->bytes.data() + it.at;
-    return it;
+    lock.unlock();
+    cv_.notify_all();
+    return ch.result;
   }
 
  private:
+  struct Chunk {
+    std::vector<uint8_t> buf;
+    size_t usize = 0;
+    uint64_t offset = 0;
+    int result = 0;
+  };
   void Run() {
-    uint64_t live = 0;  // this stream's chunks (the sum was checked before starting)
-    for (bool done = false; !done;) {
-      std::unique_ptr<Batch> b;
+    uint64_t live = 0;  // this stream's buffers (their sum was checked before starting)
+    for (;;) {
+      Chunk ch;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !free_.empty() || made_ < kMaxBatches; });
+        cv_.wait(lock, [&] { return stop_ || ready_.size() < kAhead; });
         if (stop_) return;
         if (!free_.empty()) {
-          b = std::move(free_.back());
+          ch.buf = std::move(free_.back());
           free_.pop_back();
-        } else {
-          b = std::make_unique<Batch>();
-          b->items.reserve(kBatchItems);
-          ++made_;
         }
       }
-      b->items.clear();
-      b->bytes.clear();
-      while (b->items.size() < kBatchItems) {
-        Item it;
-        const uint8_t* data = nullptr;
-        it.kind = cursor_->Next(&it.ts, &data, &it.size, &it.lost, &live);
-        if (it.kind == StreamCursor::kEvent) {
-          it.at = b->bytes.size();
-          b->bytes.insert(b->bytes.end(), data, data + it.size);
-        }
-        b->items.push_back(it);
-        if (it.kind == StreamCursor::kError || it.kind == StreamCursor::kEnd) {
-          done = true;
-          break;
-        }
-      }
+      ch.result = cursor_->LoadChunk(&ch.buf, &ch.usize, &ch.offset, &live);
+      const bool done = ch.result <= 0;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        full_.push_back(std::move(b));
+        ready_.push_back(std::move(ch));
       }
       cv_.notify_all();
+      if (done) return;
     }
   }
 
@@ -432,12 +455,15 @@ class StreamWorker {
   std::thread thread_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::unique_ptr<Batch>> full_, free_;
-  size_t made_ = 0;
+  std::deque<Chunk> ready_;
+  std::vector<std::vector<uint8_t>> free_;
   bool stop_ = false;
-  std::unique_ptr<Batch> cur_;  // the merging thread's
-  size_t pos_ = 0;
 };
+
+int StreamCursor::TakePrefetched() {
+  return prefetch_->Take(this);
+}
+
 struct IterState {
   KvmTepDecoder* decoder;
   KvmPairer* pairer;
@@ -650,38 +676,44 @@ Status TraceCmdDat::ReadOwn(KvmPairer* pairer, KvmTepDecoder* decoder) {
       return Fail(ErrorCode::kInternal, fmt::format("{}: cannot allocate a kbuffer", path_));
     }
   }
-  // One thread per stream (threads_ 0: when there are several cores and streams, and at
-  // least kThreadedFrom bytes of CPU data: below that, a read takes milliseconds and
-  // starting threads and handing batches over costs more than it saves). The
-  // threads only read: pages, chunks and record bytes; the merge below, the decoding and
-  // the pairing stay on this thread, in the same order as without threads, so the result
-  // is the same. Chunk memory is bounded per file (kMaxLiveChunks): the threaded reader
-  // holds every stream's largest chunk at once, so it runs only when they fit the bound
-  // together (else the single-threaded reader reports the file as before).
+  // One decompressing thread per compressed stream (threads_ 0: when there are several cores
+  // and at least kThreadedFrom bytes of decompressed CPU data: below that, a read takes
+  // milliseconds and starting threads costs more than it saves). The threads only
+  // decompress chunks (ChunkPrefetch); the pages are walked, merged, decoded and paired on
+  // this thread, in the same order as without threads, so the result is the same.
+  // Uncompressed streams are mapped pages: nothing to hand to a thread. Chunk memory is
+  // bounded per file (kMaxLiveChunks): with threads a stream holds up to kBuffers chunks at
+  // once, so they run only when every stream's largest chunk, that many times, fits the
+  // bound (else the single-threaded reader reports the file as before).
   bool threaded = false;
-  if (threads_ != 1 && !streams.empty()) {
+  if (threads_ != 1) {
     const unsigned cores = std::thread::hardware_concurrency();
-    uint64_t data = 0;  // CPU data in the file
-    for (const Layout::Buffer& b : L.buffers) {
-      for (const Layout::CpuData& c : b.cpus) data += c.size;
+    uint64_t data = 0, largest = 0;
+    bool any = false;
+    for (const auto& s : streams) {
+      if (!s->compressed()) continue;
+      any = true;
+      data += s->ChunkBytes();
+      largest += s->LargestChunk();
     }
-    threaded = threads_ > 1 || (cores > 1 && streams.size() > 1 && data >= kThreadedFrom);
-    uint64_t chunks = 0;
-    for (const auto& s : streams) chunks += s->LargestChunk();
-    if (chunks > std::min<uint64_t>(kMaxLiveChunks, 4096 * map_size_)) threaded = false;
+    threaded = any && (threads_ > 1 || (cores > 1 && data >= kThreadedFrom)) &&
+               largest * ChunkPrefetch::kBuffers <= std::min<uint64_t>(kMaxLiveChunks,
+                                                                       4096 * map_size_);
   }
-  read_threads_ = threaded ? static_cast<int>(streams.size()) : 1;
-  std::vector<std::unique_ptr<StreamWorker>> workers;
+  std::vector<std::unique_ptr<ChunkPrefetch>> prefetch;
   if (threaded) {
     for (auto& s : streams) {
-      workers.push_back(std::make_unique<StreamWorker>(s.get()));
-      workers.back()->Start();
+      if (!s->compressed()) continue;
+      prefetch.push_back(std::make_unique<ChunkPrefetch>(s.get()));
+      s->set_prefetch(prefetch.back().get());
+      prefetch.back()->Start();
     }
   }
-  // Totals of the streams; the workers are stopped first (their cursors' counters are theirs
-  // until then).
+  read_threads_ = 1 + static_cast<int>(prefetch.size());
+  // Totals of the streams; the threads are stopped first (their cursors' chunk counters are
+  // theirs until then).
   const auto finish = [&] {
-    for (auto& w : workers) w->Stop();
+    for (auto& p : prefetch) p->Stop();
     chunks_read_ = 0;
     for (const auto& s : streams) {
       chunks_read_ += s->chunks();
@@ -706,15 +738,7 @@ Status TraceCmdDat::ReadOwn(KvmPairer* pairer, KvmTepDecoder* decoder) {
     for (;;) {
       StreamCursor::Kind kind;
       int64_t lost = 0;
-      if (threaded) {
-        const Item& it = workers[i]->Next(&h.data);
-        kind = it.kind;
-        h.ts = it.ts;
-        h.size = it.size;
-        lost = it.lost;
-      } else {
-        kind = streams[i]->Next(&h.ts, &h.data, &h.size, &lost, &live);
-      }
+      kind = streams[i]->Next(&h.ts, &h.data, &h.size, &lost, &live);
       switch (kind) {
         case StreamCursor::kEvent:
           h.has = true;

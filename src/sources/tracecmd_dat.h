@@ -19,10 +19,10 @@
 // (big-endian or 4-byte-long layout, a long record, an absolute time stamp, a discarded
 // record, anything crossing a bound) takes the checked path instead: PageIsSane (commit,
 // every event header) and then libtraceevent's kbuffer. Both give the same records (tested
-// on every committed .dat, fuzzed). With several cores, each CPU stream is read
-// (decompressed and walked) on a thread of its own; the records are merged, decoded and
-// paired on the calling thread in the same order as with one thread, so the result is the
-// same byte for byte.
+// on every committed .dat, fuzzed). With several cores, each compressed CPU stream is
+// decompressed on a thread of its own, a few chunks ahead; the pages are walked and the
+// records merged, decoded and paired on the calling thread in the same order as with one
+// thread, so the result is the same byte for byte.
 //
 // Records are decoded with KvmTepDecoder (field offsets looked up once per event type)
 // straight from the pages: no per-event object is built. Lost events (kbuffer's missed-events
@@ -99,12 +99,13 @@ class TraceCmdDat {
   // Pages the last ReadAll read by the fast walk and by the checked path.
   uint64_t fast_pages() const noexcept { return fast_pages_; }
   uint64_t checked_pages() const noexcept { return checked_pages_; }
-  // Reading threads: 0 (default) one per CPU stream when the host has several cores and the
-  // file several streams and at least 8 MiB of CPU data; 1 one thread; N > 1 one per stream
-  // even on one core (tests). The result is the same either way. EXITSCOPE_DAT_THREADS=N
-  // sets it at Open.
+  // Reading threads: 0 (default) one decompressing thread per compressed CPU stream when the
+  // host has several cores and the streams hold at least 8 MiB of decompressed data; 1 none;
+  // N > 1 one per compressed stream even on one core (tests). Uncompressed streams (mapped
+  // pages) never get one. The result is the same either way. EXITSCOPE_DAT_THREADS=N sets it
+  // at Open.
   void set_read_threads(int n) noexcept { threads_ = n < 0 ? 0 : n; }
-  // Threads the last ReadAll read with (1: this one).
+  // Threads the last ReadAll read with: this one plus its decompressing threads.
   int read_threads() const noexcept { return read_threads_; }
 
   // The floor no reader goes below, for the benchmark (bench/kvm_dat_floor_benchmark.cc):

@@ -1,7 +1,7 @@
 // `exitscope kvm report` end to end: the binary on the real capture, exit codes and one-line
 // errors for bad input and bad usage, and the same report byte for byte whichever way the
-// .dat is read (fast path or checked path, one thread or one per CPU stream). Skips (with the
-// reason) when the binary is not built.
+// .dat is read (fast path or checked path, one thread or one decompressing thread per
+// compressed CPU stream). Skips (with the reason) when the binary is not built.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -158,7 +158,8 @@ TEST_F(KvmCli, TraceTrimmedToTimestampsSaysSoInTheInputLine) {
 
 // The report is the same byte for byte whichever way the .dat is read: the checked path on
 // one thread (EXITSCOPE_DAT_FAST=0, EXITSCOPE_DAT_THREADS=1), the fast path on one thread,
-// and one thread per CPU stream forced on (EXITSCOPE_DAT_THREADS=4), on every committed
+// and one decompressing thread per compressed CPU stream forced on (EXITSCOPE_DAT_THREADS=4:
+// the real capture kDat is v7 zstd on two CPUs), on every committed
 // capture and in the text and JSON formats.
 TEST_F(KvmCli, ReportIsTheSameWithAndWithoutTheFastPathAndThreads) {
   const std::string data = std::string(EXITSCOPE_TESTDATA_DIR);

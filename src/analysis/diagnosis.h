@@ -149,8 +149,8 @@ class DiagnosisBuilder final : public EventSink {
     base::LatencyHistogram hist;
     std::map<uint32_t, bool> vcpus;
     uint32_t last_vcpu = UINT32_MAX;  // the vCPU last added to `vcpus`
-    uint64_t stuck = 0;      // exits the watchdog saw stuck
-    uint64_t userspace = 0;  // kernel sources: exits that reached the VMM
+    uint64_t stuck = 0;               // exits the watchdog saw stuck
+    uint64_t userspace = 0;           // kernel sources: exits that reached the VMM
   };
   struct KeptSlow {
     uint64_t start_ns, end_ns;

@@ -560,6 +560,14 @@ Result<std::unique_ptr<TraceCmdDat>> TraceCmdDat::Open(const std::string& path) 
   }
   dat->cpus_ = static_cast<int>(L.cpu_count ? L.cpu_count : max_cpu);
   for (const Layout::CpuStat& cs : ParseCpuStats(L.cpustats)) dat->lost_at_record_ += cs.overrun;
+  // Counters for every id a format declares (more are added if records hold others).
+  for (const Layout::Format& f : L.formats) {
+    std::string_view name;
+    uint32_t id = 0;
+    if (dat::ScanFormatHeader(f.text, &name, &id) && id <= 0xffff) {
+      dat->declared_ids_ = std::max<size_t>(dat->declared_ids_, id + 1);
+    }
+  }
   // common_type's place, to count records per event.
   for (int i = 0; i < tep_get_events_count(dat->tep_); ++i) {
     tep_event* ev = tep_get_event(dat->tep_, i);
@@ -602,7 +610,11 @@ void TraceCmdDat::Count(const void* data, int size) noexcept {
   } else {
     return;
   }
-  if (type < per_type_.size()) ++per_type_[type];  // ids above 0xffff are not counted
+  if (type >= per_type_.size()) {
+    if (type > 0xffff) return;  // not counted: no kernel gives such ids
+    per_type_.resize(type + 1, 0);
+  }
+  ++per_type_[type];
 }
 
 std::vector<DatEventCount> TraceCmdDat::event_counts() const {
@@ -650,7 +662,7 @@ Status TraceCmdDat::ReadAll(KvmPairer* pairer) {
   fast_pages_ = 0;
   checked_pages_ = 0;
   read_threads_ = 1;
-  per_type_.assign(kCountedIds, 0);
+  per_type_.assign(declared_ids_, 0);
   used_mapped_ = allow_mapped_;
   Status s = allow_mapped_ ? ReadOwn(pairer, &decoder) : ReadLibTraceCmd(pairer, nullptr);
   if (!s) return s;
@@ -696,9 +708,9 @@ Status TraceCmdDat::ReadOwn(KvmPairer* pairer, KvmTepDecoder* decoder) {
       data += s->ChunkBytes();
       largest += s->LargestChunk();
     }
-    threaded = any && (threads_ > 1 || (cores > 1 && data >= kThreadedFrom)) &&
-               largest * ChunkPrefetch::kBuffers <= std::min<uint64_t>(kMaxLiveChunks,
-                                                                       4096 * map_size_);
+    threaded =
+        any && (threads_ > 1 || (cores > 1 && data >= kThreadedFrom)) &&
+        largest * ChunkPrefetch::kBuffers <= std::min<uint64_t>(kMaxLiveChunks, 4096 * map_size_);
   }
   std::vector<std::unique_ptr<ChunkPrefetch>> prefetch;
   if (threaded) {
@@ -813,7 +825,11 @@ Status TraceCmdDat::ReadOwn(KvmPairer* pairer, KvmTepDecoder* decoder) {
     if (count_u16 && c.size >= count_end) {  // the common layout: a little-endian u16 id
       uint16_t id;
       std::memcpy(&id, c.data + type_offset_, 2);
-      ++per_type_[id];
+      if (id < per_type_.size()) {
+        ++per_type_[id];
+      } else {
+        Count(r.data, r.size);
+      }
     } else {
       Count(r.data, r.size);
     }

@@ -142,8 +142,8 @@ class TraceCmdDat {
   int type_offset_ = -1;
   int type_size_ = 0;
   bool swap_ = false;
-  static constexpr size_t kCountedIds = 0x10000;  // event ids are u16 in every kernel
-  std::vector<uint64_t> per_type_;                 // records per event id (512 KiB)
+  size_t declared_ids_ = 0;         // the largest id a format declares + 1
+  std::vector<uint64_t> per_type_;  // records per event id (ids up to 0xffff)
 };
 
 }  // namespace exitscope::sources

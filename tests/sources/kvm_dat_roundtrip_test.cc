@@ -174,8 +174,8 @@ TEST_F(KvmDatRoundTrip, TruncatedAnywhereIsReportedWithOffset) {
 TEST(KvmDatOtherSystems, RecordsOfUnparsedEventsAreCountedByTheirName) {
   RealKvmFormats formats;
   ASSERT_GT(formats.loaded(), 0) << "kvm format files not found";
-  const fs::path dir = fs::path(::testing::TempDir()) /
-                       ("kvm_dat_other." + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::path(::testing::TempDir()) / ("kvm_dat_other." + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir / "tracefs");
   fs::copy(testing::KvmTestdata("tracefs-pvm-6.18/events"), dir / "tracefs/events",

@@ -232,23 +232,29 @@ class StreamCursor {
   uint64_t fast_pages() const { return fast_pages_; }
   uint64_t checked_pages() const { return checked_pages_; }
 
-  // The largest decompressed chunk of this stream (+ kPad), read from the chunk headers up
-  // to the first one out of bounds (the read itself reports that one).
-  uint64_t LargestChunk() const {
-    if (!compressed_) return 0;
+  // This stream's largest decompressed chunk (+ kPad) and all its chunks' decompressed
+  // bytes, read from the chunk headers up to the first one out of bounds (the read itself
+  // reports that one).
+  struct ChunkSizes {
+    uint64_t largest = 0, total = 0;
+  };
+  ChunkSizes Sizes() const {
+    ChunkSizes out;
+    if (!compressed_) return out;
     Bytes h(std::string_view(reinterpret_cast<const char*>(x_.map), x_.map_size), x_.L->big);
-    uint64_t pos = pos_, most = 0;
+    uint64_t pos = pos_;
     for (uint64_t i = 0; i < chunks_left_; ++i) {
       h.Seek(pos);
       uint64_t csize = 0, usize = 0;
       if (!h.U(4, &csize) || !h.U(4, &usize) || csize > x_.map_size - h.offset() ||
           usize > kMaxChunk || usize % x_.L->page_size != 0) {
-        return most;
+        return out;
       }
-      most = std::max(most, usize + kPad);
+      out.largest = std::max(out.largest, usize + kPad);
+      out.total += usize;
       pos = h.offset() + csize;
     }
-    return most;
+    return out;
   }
 
   // The next page: 1 and *p, *off; 0 at the end; -1 with error_ set. Next() uses it; by
@@ -327,22 +333,6 @@ class StreamCursor {
     --chunks_left_;
     ++chunks_;
     return 1;
-  }
-
-  // Decompressed bytes of this stream's chunks, from their headers up to the first one out
-  // of bounds.
-  uint64_t ChunkBytes() const {
-    if (!compressed_) return 0;
-    Bytes h(std::string_view(reinterpret_cast<const char*>(x_.map), x_.map_size), x_.L->big);
-    uint64_t pos = pos_, total = 0;
-    for (uint64_t i = 0; i < chunks_left_; ++i) {
-      h.Seek(pos);
-      uint64_t csize = 0, usize = 0;
-      if (!h.U(4, &csize) || !h.U(4, &usize) || csize > x_.map_size - h.offset()) return total;
-      total += usize;
-      pos = h.offset() + csize;
-    }
-    return total;
   }
 
   bool compressed() const { return compressed_; }
@@ -705,8 +695,9 @@ Status TraceCmdDat::ReadOwn(KvmPairer* pairer, KvmTepDecoder* decoder) {
     for (const auto& s : streams) {
       if (!s->compressed()) continue;
       any = true;
-      data += s->ChunkBytes();
-      largest += s->LargestChunk();
+      const StreamCursor::ChunkSizes z = s->Sizes();
+      data += z.total;
+      largest += z.largest;
     }
     threaded =
         any && (threads_ > 1 || (cores > 1 && data >= kThreadedFrom)) &&

@@ -395,10 +395,12 @@ class ChunkPrefetch {
   // The cursor's side: its next chunk into c->chunk_ (the one it read goes back to the
   // thread). 1, 0 at the end, -1 with the cursor's error set (by the thread).
   int Take(StreamCursor* c) {
+    if (last_ <= 0) return last_;  // the end or the error again: the thread has stopped
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return !ready_.empty(); });
     Chunk ch = std::move(ready_.front());
     ready_.pop_front();
+    last_ = ch.result;
     if (ch.result == 1) {
       free_.push_back(std::move(c->chunk_));
       c->chunk_ = std::move(ch.buf);
@@ -448,6 +450,7 @@ class ChunkPrefetch {
   std::deque<Chunk> ready_;
   std::vector<std::vector<uint8_t>> free_;
   bool stop_ = false;
+  int last_ = 1;  // the cursor's: what the last Take returned
 };
 
 int StreamCursor::TakePrefetched() {

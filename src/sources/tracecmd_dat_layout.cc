@@ -36,6 +36,23 @@ extern "C" {
 #include "sources/kvm_trace.h"
 #include "sources/tracecmd_dat_layout.h"
 
+namespace exitscope::sources {
+
+PopulatedBytes::PopulatedBytes(size_t n) {
+  if (n == 0) return;
+  void* m =
+      ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (m == MAP_FAILED) return;
+  p_ = static_cast<uint8_t*>(m);
+  n_ = n;
+}
+
+PopulatedBytes::~PopulatedBytes() {
+  if (p_ != nullptr) ::munmap(p_, n_);
+}
+
+}  // namespace exitscope::sources
+
 namespace exitscope::sources::dat {
 namespace {
 
@@ -312,13 +329,18 @@ class LayoutParser {
                                   "{} MiB, ratio 1024)",
                                   what, usize, csize, kMaxSection >> 20));
     }
-    std::string& out = L_->owned.emplace_back(usize, '\0');
+    PopulatedBytes& out = L_->owned.emplace_back(usize);
+    if (usize != 0 && out.data() == nullptr) {
+      return Fail(ErrorCode::kIo,
+                  fmt::format("{}: offset {}: cannot map {} bytes for the {} section", path_, off,
+                              usize, what));
+    }
     if (!Codecs::Get().Decompress(L_->compression, reinterpret_cast<const uint8_t*>(data.data()),
-                                  data.size(), reinterpret_cast<uint8_t*>(out.data()), usize)) {
+                                  data.size(), out.data(), usize)) {
       return Bad(off,
                  fmt::format("the {} section does not decompress ({})", what, L_->compression));
     }
-    *body = out;
+    *body = std::string_view(reinterpret_cast<const char*>(out.data()), usize);
     return {};
   }
   Status CheckCodec(uint64_t at) {

@@ -71,6 +71,13 @@ KvmEventType KvmEventFromName(std::string_view name) noexcept {
   return KvmEventType::kOther;
 }
 
+bool KvmDecoderReads(std::string_view system, std::string_view name) noexcept {
+  for (const EventSpec& spec : kSpecs) {
+    if (KvmEventName(spec.type) == name && system == SystemOf(spec.type)) return true;
+  }
+  return false;
+}
+
 KvmTepDecoder::KvmTepDecoder(tep_handle* tep) : tep_(tep) {
   by_id_.fill(KvmEventType::kOther);
   if (tep_ == nullptr) return;

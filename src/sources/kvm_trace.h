@@ -123,6 +123,10 @@ struct KvmRecord {
   std::array<uint8_t, 15> insn{};
 };
 
+// True for the events KvmTepDecoder reads (kvm:kvm_exit, kvm:kvm_entry, ..., sched:sched_switch):
+// the only formats a .dat reader needs libtraceevent to parse.
+bool KvmDecoderReads(std::string_view system, std::string_view name) noexcept;
+
 // Decodes tep records of the kvm events into KvmRecords. Built once per tep_handle: it looks
 // up each kvm event and caches its field offsets and sizes, so Decode() is a type-id compare
 // and a few fixed-offset loads (byte-swapped when the capture's endianness differs). Events

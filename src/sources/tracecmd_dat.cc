@@ -515,8 +515,9 @@ Result<std::unique_ptr<TraceCmdDat>> TraceCmdDat::Open(const std::string& path) 
   if (dat->tep_ == nullptr) {
     return Fail(ErrorCode::kInternal, fmt::format("{}: cannot allocate a tep handle", path));
   }
-  // Formats of other systems that do not parse leave their events undefined (their records
-  // are counted as "unknown"), as in trace-cmd report; a kvm one means a corrupt file.
+  // A kvm format the decoder reads that does not parse means a corrupt file; another one
+  // (sched_switch, or the first format of a file without kvm events) leaves its event
+  // undefined for the decoder, its records still counted by name (event_counts).
   for (const FormatFailure& f : failures) {
     if (f.system == "header_page") {
       return Fail(ErrorCode::kCorrupt,
@@ -524,7 +525,7 @@ Result<std::unique_ptr<TraceCmdDat>> TraceCmdDat::Open(const std::string& path) 
                               "buffer page layout) does not parse",
                               path, f.offset));
     }
-    if (f.system != "kvm" && f.system != "kvmmmu") continue;
+    if (f.system != "kvm") continue;
     char why[128] = {};
     tep_strerror(dat->tep_, static_cast<tep_errno>(f.error), why, sizeof(why));
     return Fail(ErrorCode::kCorrupt,

@@ -41,8 +41,12 @@ namespace exitscope::sources::dat {
 std::vector<size_t> FormatsToParse(const Layout& L) {
   std::vector<size_t> out;
   for (size_t i = 0; i < L.formats.size(); ++i) {
-    const std::string& s = L.formats[i].system;
-    if (s == "kvm" || s == "kvmmmu" || s == "sched") out.push_back(i);
+    std::string_view name;
+    uint32_t id = 0;
+    if (ScanFormatHeader(L.formats[i].text, &name, &id) &&
+        KvmDecoderReads(L.formats[i].system, name)) {
+      out.push_back(i);
+    }
   }
   if (out.empty() && !L.formats.empty()) out.push_back(0);
   return out;

@@ -157,32 +157,6 @@ size_t DiagnosisBuilder::IndexGroup(const std::string& cause, bool slow, bool op
   return it->second;
 }
 
-size_t DiagnosisBuilder::MemoGroupOf(const ExitEvent& e, bool slow, bool open, bool in_kernel,
-                                     bool idle) {
-  const uint8_t bits = (slow ? 1 : 0) | (open ? 2 : 0) | (in_kernel ? 4 : 0);
-  for (const CauseMemo& m : memos_) {
-    if (m.group != SIZE_MAX && m.bits == bits && m.kind == e.subkey_kind && m.dir == e.dir &&
-        m.subkey == e.subkey && m.device_offset == e.device_offset && m.reason == e.reason &&
-        m.user_reason == e.user_reason && m.device == e.device && m.reg == e.reg) {
-      return m.group;
-    }
-  }
-  const size_t gi = GroupOf(DiagnosisCause(e), slow, open, in_kernel, idle);
-  CauseMemo& m = memos_[next_memo_];
-  next_memo_ = (next_memo_ + 1) % kCauseMemos;
-  m.reason = e.reason;
-  m.user_reason = e.user_reason;
-  m.device = e.device;
-  m.reg = e.reg;
-  m.subkey = e.subkey;
-  m.device_offset = e.device_offset;
-  m.kind = e.subkey_kind;
-  m.dir = e.dir;
-  m.bits = bits;
-  m.group = gi;
-  return gi;
-}
-
 DiagnosisVcpu& DiagnosisBuilder::Vcpu(uint32_t vm, uint32_t vcpu) {
   if (last_vcpu_ != nullptr && last_vcpu_->vm == vm && last_vcpu_->vcpu == vcpu) {
     return *last_vcpu_;
@@ -200,14 +174,13 @@ void DiagnosisBuilder::OnExit(const ExitEvent& e) {
   const bool idle = IsIdle(e);
   const bool slow = !idle && options_.slow.IsSlow(e);
   const bool in_kernel = e.side == Side::kKernel && !e.userspace;
-  size_t gi = 0;
+  std::string cause;
   if (options_.key) {
-    std::string cause;
     if (!options_.key(e, &cause)) return;
-    gi = GroupOf(cause, slow, open, in_kernel, idle);
   } else {
-    gi = MemoGroupOf(e, slow, open, in_kernel, idle);
+    cause = DiagnosisCause(e);
   }
+  const size_t gi = GroupOf(cause, slow, open, in_kernel, idle);
   // A dump's open exit carries its time so far; a trace's carries none.
   const bool timed = e.end == ExitEnd::kSeen || (open && e.duration_ns != 0);
   const uint64_t d = timed ? e.duration_ns : 0;

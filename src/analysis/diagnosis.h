@@ -166,7 +166,8 @@ class DiagnosisBuilder final : public EventSink {
     uint32_t vcpu;
     DiagnosisEvidence what;  // kind "stack", exits 0
   };
-  // The group of a cause text and flags: remembered for the last few, else IndexGroup.
+  // The group of a cause text and flags: remembered for the last few (exits come in runs
+  // of a few causes), else IndexGroup.
   size_t GroupOf(const std::string& cause, bool slow, bool open, bool in_kernel, bool idle);
   size_t IndexGroup(const std::string& cause, bool slow, bool open, bool in_kernel, bool idle);
   struct TextMemo {
@@ -174,21 +175,7 @@ class DiagnosisBuilder final : public EventSink {
     uint8_t bits = 0;
     size_t group = SIZE_MAX;  // SIZE_MAX: unused
   };
-  // GroupOf(DiagnosisCause(e), ...), remembered for the last few exits' fields: exits come
-  // in runs of a few causes, and building the cause text costs more than the rest.
-  size_t MemoGroupOf(const ExitEvent& e, bool slow, bool open, bool in_kernel, bool idle);
-  // What DiagnosisCause and IsIdle read of an exit, and the group it went to.
-  struct CauseMemo {
-    std::string reason, user_reason, device, reg;
-    uint64_t subkey = 0, device_offset = 0;
-    SubKeyKind kind = SubKeyKind::kNone;
-    AccessDir dir = AccessDir::kNone;
-    uint8_t bits = 0;         // slow, open, in_kernel
-    size_t group = SIZE_MAX;  // SIZE_MAX: unused
-  };
   static constexpr size_t kCauseMemos = 4;
-  std::array<CauseMemo, kCauseMemos> memos_{};
-  size_t next_memo_ = 0;
   std::array<TextMemo, kCauseMemos> text_memos_{};
   size_t next_text_memo_ = 0;
   DiagnosisVcpu* last_vcpu_ = nullptr;

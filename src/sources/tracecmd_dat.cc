@@ -556,10 +556,8 @@ Result<std::unique_ptr<TraceCmdDat>> TraceCmdDat::Open(const std::string& path) 
   for (const Layout::CpuStat& cs : ParseCpuStats(L.cpustats)) dat->lost_at_record_ += cs.overrun;
   // Counters for every id a format declares (more are added if records hold others).
   for (const Layout::Format& f : L.formats) {
-    std::string_view name;
-    uint32_t id = 0;
-    if (dat::ScanFormatHeader(f.text, &name, &id) && id <= 0xffff) {
-      dat->declared_ids_ = std::max<size_t>(dat->declared_ids_, id + 1);
+    if (f.declared && f.id <= 0xffff) {
+      dat->declared_ids_ = std::max<size_t>(dat->declared_ids_, f.id + 1);
     }
   }
   // common_type's place, to count records per event.
@@ -629,18 +627,13 @@ std::vector<DatEventCount> TraceCmdDat::event_counts() const {
   if (!unnamed.empty() && layout_) {
     std::unordered_map<uint32_t, const Layout::Format*> declared;
     for (const Layout::Format& f : layout_->formats) {
-      std::string_view name;
-      uint32_t fid = 0;
-      if (dat::ScanFormatHeader(f.text, &name, &fid)) declared.try_emplace(fid, &f);
+      if (f.declared) declared.try_emplace(f.id, &f);
     }
     for (const auto& [i, fid] : unnamed) {
       const auto it = declared.find(fid);
       if (it == declared.end()) continue;
-      std::string_view name;
-      uint32_t ignored = 0;
-      dat::ScanFormatHeader(it->second->text, &name, &ignored);
       out[i].system = it->second->system;
-      out[i].name = std::string(name);
+      out[i].name = std::string(it->second->name);
     }
   }
   std::sort(out.begin(), out.end(), [](const DatEventCount& a, const DatEventCount& b) {

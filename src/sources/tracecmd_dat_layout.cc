@@ -137,9 +137,16 @@ class LayoutParser {
       if (!b.U(8, &len)) return Cut(b.offset(), "ftrace event format");
       const uint64_t at = section_offset ? section_offset : b.offset();
       if (!b.Take(len, &text)) return Cut(b.offset(), "ftrace event format");
-      L_->formats.push_back({text, "ftrace", at});
+      AddFormat(text, "ftrace", at);
     }
     return {};
+  }
+  void AddFormat(std::string_view text, std::string system, uint64_t at) {
+    Layout::Format& f = L_->formats.emplace_back();
+    f.text = text;
+    f.system = std::move(system);
+    f.offset = at;
+    f.declared = ScanFormatHeader(text, &f.name, &f.id);
   }
   Status EventFormats(Bytes& b, uint64_t section_offset) {
     uint64_t systems = 0;
@@ -157,7 +164,7 @@ class LayoutParser {
         if (!b.U(8, &len)) return Cut(b.offset(), "event format");
         const uint64_t at = section_offset ? section_offset : b.offset();
         if (!b.Take(len, &text)) return Cut(b.offset(), "event format");
-        L_->formats.push_back({text, std::string(name), at});
+        AddFormat(text, std::string(name), at);
       }
     }
     return {};

@@ -46,6 +46,11 @@ struct TraceCmdDat::Layout {
     std::string_view text;
     std::string system;
     uint64_t offset = 0;  // in the file (of its section when the section is compressed)
+    // From its header lines (dat::ScanFormatHeader), read once at ParseLayout; `declared`
+    // false when it has no name or no id.
+    std::string_view name;
+    uint32_t id = 0;
+    bool declared = false;
   };
   struct CpuData {
     uint32_t cpu = 0;

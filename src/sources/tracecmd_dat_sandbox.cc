@@ -41,12 +41,8 @@ namespace exitscope::sources::dat {
 std::vector<size_t> FormatsToParse(const Layout& L) {
   std::vector<size_t> out;
   for (size_t i = 0; i < L.formats.size(); ++i) {
-    std::string_view name;
-    uint32_t id = 0;
-    if (ScanFormatHeader(L.formats[i].text, &name, &id) &&
-        KvmDecoderReads(L.formats[i].system, name)) {
-      out.push_back(i);
-    }
+    const Layout::Format& f = L.formats[i];
+    if (f.declared && KvmDecoderReads(f.system, f.name)) out.push_back(i);
   }
   if (out.empty() && !L.formats.empty()) out.push_back(0);
   return out;

@@ -160,6 +160,11 @@ class Watchdog {
         Recapture(rec, v, elapsed, stuck_ticks, &stall);
         continue;
       }
+      // The previous stall's end is still out: its exit has ended, since the vCPU is in a
+      // later one, so its record is in the ring now (appended before that BeginExit). Emit it
+      // before `stall` is reused; if it still cannot be settled, the new exit waits a poll.
+      EndStall(rec, v, &stall);
+      if (stall.exit_no != 0) continue;
       if (no <= slot.stalled.load(std::memory_order_relaxed)) continue;
       if (elapsed < stuck_ticks) continue;
       rec->Resolve(&r);

@@ -56,9 +56,11 @@ asan:
 	@$(MAKE) --no-print-directory test BUILD=build-asan CMAKE_FLAGS="-DEXITSCOPE_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug -DEXITSCOPE_BUILD_BENCH=OFF"
 
 # ThreadSanitizer ignores a race inside Debian's civetweb (gmtime in its workers; scripts/tsan.supp).
+# It builds only the concurrency tests' executables (target concurrency_tests), not the tree.
 tsan: export TSAN_OPTIONS = suppressions=$(CURDIR)/scripts/tsan.supp
 tsan:
-	@$(MAKE) --no-print-directory build BUILD=build-tsan CMAKE_FLAGS="-DEXITSCOPE_SANITIZE=thread -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEXITSCOPE_BUILD_BENCH=OFF"
+	@$(MAKE) --no-print-directory configure BUILD=build-tsan CMAKE_FLAGS="-DEXITSCOPE_SANITIZE=thread -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEXITSCOPE_BUILD_BENCH=OFF"
+	@cmake --build build-tsan -j $(JOBS) --target concurrency_tests
 	@cd build-tsan && ctest --output-on-failure -L concurrency
 
 # AFL++ on every parser for FUZZ_SECONDS each (build-fuzz/, docs/fuzzing.md); fails on a crash.

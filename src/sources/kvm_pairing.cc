@@ -99,16 +99,11 @@ std::string_view KvmPairer::Intern(std::string s) {
   return v;
 }
 
-KvmPairer::Thread& KvmPairer::ThreadOf(const KvmRecord& r) {
-  if (last_thread_ != nullptr && last_tid_ == r.tid) {  // runs of one thread are the norm
-    if (r.tgid >= 0) last_thread_->tgid = r.tgid;
-    last_thread_->last_cpu = r.cpu;
-    return *last_thread_;
-  }
+KvmPairer::Thread& KvmPairer::ThreadOfSlow(const KvmRecord& r, CpuLast* last) {
   auto [it, inserted] = threads_.try_emplace(r.tid);
   Thread& t = it->second;
-  last_thread_ = &t;  // unordered_map nodes never move
-  last_tid_ = r.tid;
+  last->thread = &t;  // unordered_map nodes never move
+  last->tid = r.tid;
   if (inserted) {
     t.tid = r.tid;
     if (auto g = tgid_of_.find(r.tid); g != tgid_of_.end()) t.tgid = g->second;

@@ -205,7 +205,20 @@ class KvmPairer {
     ExitEvent held_ev;
   };
 
-  Thread& ThreadOf(const KvmRecord& r);
+  static constexpr size_t kCpuCache = 64;
+  struct CpuLast {
+    Thread* thread = nullptr;
+    int32_t tid = 0;
+  };
+  Thread& ThreadOf(const KvmRecord& r) {
+    CpuLast& last = cpu_last_[r.cpu % kCpuCache];
+    if (last.thread == nullptr || last.tid != r.tid) return ThreadOfSlow(r, &last);
+    // Runs of one thread per CPU are the norm.
+    if (r.tgid >= 0) last.thread->tgid = r.tgid;
+    last.thread->last_cpu = r.cpu;
+    return *last.thread;
+  }
+  Thread& ThreadOfSlow(const KvmRecord& r, CpuLast* last);
   void AddChild(Thread& t, const KvmRecord& r);
   void AddAccess(Thread& t, const KvmRecord& r);
   void ApplyChild(const Thread& t, ExitEvent* e) const;
@@ -231,8 +244,9 @@ class KvmPairer {
   void* observer_ctx_ = nullptr;
   KvmPairingStats stats_;
   std::unordered_map<int32_t, Thread> threads_;
-  Thread* last_thread_ = nullptr;
-  int32_t last_tid_ = 0;
+  // The thread of the last record of each CPU (cpu % kCpuCache): records of one CPU mostly
+  // come from one thread, while the merge interleaves CPUs. Nodes of threads_ never move.
+  std::array<CpuLast, kCpuCache> cpu_last_{};
   std::unordered_map<int32_t, int32_t> tgid_of_;
   std::unordered_map<std::string, std::string_view> interned_index_;
   std::deque<std::string> interned_;

@@ -111,17 +111,23 @@ KvmEventType KvmTepDecoder::TypeOf(const tep_record* record) const noexcept {
 }
 
 bool KvmTepDecoder::Decode(const tep_record* record, uint32_t cpu, KvmRecord* out) noexcept {
-  const KvmEventType t = TypeOf(record);
+  if (record == nullptr || record->size < 0) return false;
+  return DecodeBytes(static_cast<const uint8_t*>(record->data), static_cast<uint32_t>(record->size),
+                     record->ts, cpu, out);
+}
+
+bool KvmTepDecoder::DecodeBytes(const uint8_t* d, uint32_t size, uint64_t ts, uint32_t cpu,
+                                KvmRecord* out) noexcept {
+  const KvmEventType t = TypeOfBytes(d, static_cast<int>(std::min<uint32_t>(size, INT32_MAX)));
   if (t == KvmEventType::kOther) return false;
   const EventFields& ef = fields_[Index(t)];
-  if (record->size < ef.min_size) {
+  if (static_cast<int64_t>(size) < ef.min_size) {
     ++short_records_;
     return false;
   }
-  const auto* d = static_cast<const uint8_t*>(record->data);
   const auto& f = ef.f;
   KvmRecord& r = *out;
-  r.ts = record->ts;
+  r.ts = ts;
   r.cpu = cpu;
   r.tid = static_cast<int32_t>(Read(d, common_pid_));
   r.tgid = -1;

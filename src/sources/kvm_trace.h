@@ -141,6 +141,10 @@ class KvmTepDecoder {
   // KvmEventType::kOther for statistics: see TypeOf()). A record too short for its event's
   // fields is rejected (returns false) and counted in short_records().
   bool Decode(const tep_record* record, uint32_t cpu, KvmRecord* out) noexcept;
+  // The same on a record's bytes (`size` of them at `data`, timestamp `ts`): what a reader
+  // that walks ring pages itself calls, without building a tep_record.
+  bool DecodeBytes(const uint8_t* data, uint32_t size, uint64_t ts, uint32_t cpu,
+                   KvmRecord* out) noexcept;
 
   // The KvmEventType of a record's common_type (kOther when not a kvm event we know).
   KvmEventType TypeOf(const tep_record* record) const noexcept;

@@ -803,11 +803,7 @@ Status TraceCmdDat::ReadOwn(KvmPairer* pairer, KvmTepDecoder* decoder) {
     }
     Head& c = heads[best];
     const uint32_t cpu = streams[best]->cpu();
-    tep_record r{};
-    r.ts = fix_ts(c.ts);
-    r.data = const_cast<uint8_t*>(c.data);
-    r.size = static_cast<int>(c.size);
-    r.cpu = static_cast<int>(cpu);
+    const uint64_t ts = fix_ts(c.ts);
     ++read;
     ++c.count;
     if (count_u16 && c.size >= count_end) {  // the common layout: a little-endian u16 id
@@ -816,15 +812,15 @@ Status TraceCmdDat::ReadOwn(KvmPairer* pairer, KvmTepDecoder* decoder) {
       if (id < per_type_.size()) {
         ++per_type_[id];
       } else {
-        Count(r.data, r.size);
+        Count(c.data, static_cast<int>(c.size));
       }
     } else {
-      Count(r.data, r.size);
+      Count(c.data, static_cast<int>(c.size));
     }
-    if (decoder->Decode(&r, cpu, &rec)) {
+    if (decoder->DecodeBytes(c.data, c.size, ts, cpu, &rec)) {
       pairer->Feed(rec);
     } else {
-      other.ts = r.ts;
+      other.ts = ts;
       other.cpu = cpu;
       pairer->Feed(other);
     }

@@ -146,9 +146,11 @@ std::string KvmAggregator::NameText(const ExitEvent& e) const {
 }
 
 template <class... Batch>
-void KvmAggregator::Add(ExitGrouper& g, const RowKey& key, const ExitEvent& e, const Batch&... b) {
+ExitRow& KvmAggregator::Add(ExitGrouper& g, const RowKey& key, const ExitEvent& e,
+                           const Batch&... b) {
   ExitRow& row = g.Row(key, [&] { return RowText{KeyText(key), NameText(e)}; });
   g.Add(row, e, b...);
+  return row;
 }
 
 ExitGrouper& KvmAggregator::VmGroup(int64_t vm) {
@@ -198,6 +200,11 @@ bool KvmAggregator::Admit(const ExitEvent& e, RowKey* key, uint64_t n) {
 }
 
 bool KvmAggregator::RowKeyText(const ExitEvent& e, std::string* text) const {
+  if (last_.row != nullptr && last_.event == &e && last_.start_ns == e.start_ns &&
+      last_.tid == e.tid) {
+    *text = last_.row->key;
+    return true;
+  }
   RowKey key;
   if (!Keeps(e, &key)) return false;
   if (const ExitRow* row = all_->Find(key)) {  // its text, without formatting it again
@@ -209,6 +216,7 @@ bool KvmAggregator::RowKeyText(const ExitEvent& e, std::string* text) const {
 }
 
 void KvmAggregator::OnExit(const ExitEvent& e) {
+  last_.row = nullptr;
   RowKey key;
   if (!Admit(e, &key, 1)) return;
   if (e.end == ExitEnd::kOpenAtEnd) {
@@ -218,13 +226,12 @@ void KvmAggregator::OnExit(const ExitEvent& e) {
     }
     return;
   }
-  Add(*all_, key, e);
+  last_ = {&e, e.start_ns, e.tid, &Add(*all_, key, e)};
   if (options_.per_vm) Add(VmGroup(e.vm), key, e);
   if (options_.per_vcpu) Add(VcpuGroup(e.vm, e.vcpu), key, e);
   if (slow_rule_.IsSlow(e)) {
     ++analysis_.slow_exits;
-    const ExitRow* row = all_->Find(key);  // keys compare by content
-    const std::string_view text = row != nullptr ? row->key : std::string_view{};
+    const std::string_view text = last_.row->key;
     if (analysis_.slow.size() < KvmAnalysis::kMaxSlowExitsKept)
       analysis_.slow.emplace_back(e, std::string(text));
     if (options_.on_slow) options_.on_slow(e, text);
@@ -232,6 +239,7 @@ void KvmAggregator::OnExit(const ExitEvent& e) {
 }
 
 void KvmAggregator::OnSamples(const ExitEvent& e, const SampleBatch& b) {
+  last_.row = nullptr;
   RowKey key;
   if (!Admit(e, &key, b.timed + b.untimed)) return;
   Add(*all_, key, e, b);

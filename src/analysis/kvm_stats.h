@@ -134,7 +134,7 @@ class KvmAggregator final : public EventSink {
   // Counts n samples of `e` as seen; true when they belong in the rows.
   bool Admit(const ExitEvent& e, RowKey* key, uint64_t n);
   template <class... Batch>
-  void Add(ExitGrouper& g, const RowKey& key, const ExitEvent& e, const Batch&... b);
+  ExitRow& Add(ExitGrouper& g, const RowKey& key, const ExitEvent& e, const Batch&... b);
   ExitGrouper& VmGroup(int64_t vm);
   ExitGrouper& VcpuGroup(int64_t vm, int64_t vcpu);
 
@@ -142,6 +142,16 @@ class KvmAggregator final : public EventSink {
   SlowRule slow_rule_;
   KvmAnalysis analysis_;
   std::unique_ptr<ExitGrouper> all_;
+  // The exit OnExit counted last and its row of all_: RowKeyText of that same exit (the
+  // diagnosis asks right after, on the same tee) takes the row's text without computing the
+  // key again. `row` nullptr: none.
+  struct LastExit {
+    const ExitEvent* event = nullptr;
+    uint64_t start_ns = 0;
+    uint32_t tid = 0;
+    const ExitRow* row = nullptr;
+  };
+  LastExit last_;
   std::map<int64_t, std::unique_ptr<ExitGrouper>> vm_groups_;
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<ExitGrouper>> vcpu_groups_;
 };

@@ -211,5 +211,25 @@ TEST(KvmStats, ParsersRejectUnknownNames) {
   EXPECT_FALSE(ParseKvmSortKey("median", &k));
 }
 
+// RowKeyText of the exit OnExit just counted takes that row's text; an exit in the same storage
+// afterwards (a pairer reuses one ExitEvent per thread) is keyed afresh, not by the last row.
+TEST(KvmStats, RowKeyTextOfTheLastExitAndOfAnotherInTheSameStorage) {
+  KvmAggregator agg({.event = KvmEventClass::kIoport});
+  ExitEvent e = Port(0x3f8, AccessDir::kWrite, 100);
+  e.start_ns = 1000;
+  agg.OnExit(e);
+  std::string text;
+  ASSERT_TRUE(agg.RowKeyText(e, &text));
+  EXPECT_EQ(text, "0x3f8:POUT");
+  e = Port(0x3fd, AccessDir::kRead, 200);  // the next exit, same thread, same storage
+  e.start_ns = 2000;
+  ASSERT_TRUE(agg.RowKeyText(e, &text));  // before the aggregator has counted it
+  EXPECT_EQ(text, "0x3fd:PIN");
+  e = Exit("HLT", 5000);  // filtered out by the ioport class: no row, no text
+  e.start_ns = 3000;
+  agg.OnExit(e);
+  EXPECT_FALSE(agg.RowKeyText(e, &text));
+}
+
 }  // namespace
 }  // namespace exitscope::analysis

@@ -147,7 +147,7 @@ std::string KvmAggregator::NameText(const ExitEvent& e) const {
 
 template <class... Batch>
 ExitRow& KvmAggregator::Add(ExitGrouper& g, const RowKey& key, const ExitEvent& e,
-                           const Batch&... b) {
+                            const Batch&... b) {
   ExitRow& row = g.Row(key, [&] { return RowText{KeyText(key), NameText(e)}; });
   g.Add(row, e, b...);
   return row;

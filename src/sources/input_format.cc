@@ -52,7 +52,8 @@ Result<InputFormat> SniffInputFile(const std::string& path) {
   }
   if (S_ISDIR(st.st_mode)) {
     ::close(fd);
-    return Fail(ErrorCode::kInvalidArgument, fmt::format("{}: is a directory, not a regular file", path));
+    return Fail(ErrorCode::kInvalidArgument,
+                fmt::format("{}: is a directory, not a regular file", path));
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);

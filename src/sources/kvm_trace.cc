@@ -90,16 +90,16 @@ KvmTepDecoder::KvmTepDecoder(tep_handle* tep) : tep_(tep) {
     ef.id = ev->id;
     if (ev->id >= 0 && ev->id < kIdMapSize) by_id_[ev->id] = spec.type;
     if (tep_format_field* ct = tep_find_common_field(ev, "common_type")) {
-      common_type_ = {static_cast<int16_t>(ct->offset), static_cast<int16_t>(ct->size)};
+      common_type_ = MakeField(ct->offset, ct->size);
     }
     if (tep_format_field* cp = tep_find_common_field(ev, "common_pid")) {
-      common_pid_ = {static_cast<int16_t>(cp->offset), static_cast<int16_t>(cp->size)};
+      common_pid_ = MakeField(cp->offset, cp->size);
     }
     for (int i = 0; i < kMaxFields; ++i) {
       if (spec.fields[i] == nullptr) continue;
       tep_format_field* f = tep_find_field(ev, spec.fields[i]);
       if (f == nullptr) continue;
-      ef.f[i] = {static_cast<int16_t>(f->offset), static_cast<int16_t>(f->size)};
+      ef.f[i] = MakeField(f->offset, f->size);
       ef.min_size = std::max(ef.min_size, f->offset + f->size);
     }
   }
@@ -107,7 +107,9 @@ KvmTepDecoder::KvmTepDecoder(tep_handle* tep) : tep_(tep) {
 
 KvmEventType KvmTepDecoder::TypeOf(const tep_record* record) const noexcept {
   if (record == nullptr) return KvmEventType::kOther;
-  return TypeOfBytes(static_cast<const uint8_t*>(record->data), record->size);
+  if (record->size < 0) return KvmEventType::kOther;
+  return TypeOfBytes<false>(static_cast<const uint8_t*>(record->data),
+                            static_cast<uint32_t>(record->size));
 }
 
 bool KvmTepDecoder::Decode(const tep_record* record, uint32_t cpu, KvmRecord* out) noexcept {
@@ -118,7 +120,19 @@ bool KvmTepDecoder::Decode(const tep_record* record, uint32_t cpu, KvmRecord* ou
 
 bool KvmTepDecoder::DecodeBytes(const uint8_t* d, uint32_t size, uint64_t ts, uint32_t cpu,
                                 KvmRecord* out) noexcept {
-  const KvmEventType t = TypeOfBytes(d, static_cast<int>(std::min<uint32_t>(size, INT32_MAX)));
+  return DecodeImpl<false>(d, size, ts, cpu, out);
+}
+
+bool KvmTepDecoder::DecodePadded(const uint8_t* d, uint32_t size, uint64_t ts, uint32_t cpu,
+                                 KvmRecord* out) noexcept {
+  return swap_ ? DecodeImpl<false>(d, size, ts, cpu, out) : DecodeImpl<true>(d, size, ts, cpu, out);
+}
+
+template <bool kPadded>
+bool KvmTepDecoder::DecodeImpl(const uint8_t* d, uint32_t size, uint64_t ts, uint32_t cpu,
+                               KvmRecord* out) noexcept {
+  const auto Read = [this](const uint8_t* data, Field f) { return Get<kPadded>(data, f); };
+  const KvmEventType t = TypeOfBytes<kPadded>(d, size);
   if (t == KvmEventType::kOther) return false;
   const EventFields& ef = fields_[Index(t)];
   if (static_cast<int64_t>(size) < ef.min_size) {

@@ -145,6 +145,11 @@ class KvmTepDecoder {
   // that walks ring pages itself calls, without building a tep_record.
   bool DecodeBytes(const uint8_t* data, uint32_t size, uint64_t ts, uint32_t cpu,
                    KvmRecord* out) noexcept;
+  // The same, faster, for a record followed by at least 7 readable bytes (a .dat reader's
+  // pages, which end in padding): each field one unaligned 8-byte load, masked to its size,
+  // when the capture has this host's byte order. Same result as DecodeBytes.
+  bool DecodePadded(const uint8_t* data, uint32_t size, uint64_t ts, uint32_t cpu,
+                    KvmRecord* out) noexcept;
 
   // The KvmEventType of a record's common_type (kOther when not a kvm event we know).
   KvmEventType TypeOf(const tep_record* record) const noexcept;
@@ -157,7 +162,17 @@ class KvmTepDecoder {
   struct Field {
     int16_t offset = -1;
     int16_t size = 0;
+    // For ReadPadded: where to load 8 bytes and the mask that keeps the field's (0: absent, or
+    // a size not read as a number).
+    uint16_t at = 0;
+    uint64_t mask = 0;
   };
+  static constexpr Field MakeField(int offset, int size) noexcept {
+    const bool number = offset >= 0 && (size == 1 || size == 2 || size == 4 || size == 8);
+    return {static_cast<int16_t>(offset), static_cast<int16_t>(size),
+            static_cast<uint16_t>(number ? offset : 0),
+            number ? (size == 8 ? ~uint64_t{0} : (uint64_t{1} << (8 * size)) - 1) : 0};
+  }
   // Per event: its id and the fields we read, in a fixed slot order per event type.
   static constexpr int kMaxFields = 9;
   struct EventFields {
@@ -166,10 +181,28 @@ class KvmTepDecoder {
     std::array<Field, kMaxFields> f{};
   };
   static constexpr size_t Index(KvmEventType t) noexcept { return static_cast<size_t>(t); }
-  KvmEventType TypeOfBytes(const uint8_t* data, int size) const noexcept {
-    if (size < common_type_.offset + common_type_.size) return KvmEventType::kOther;
-    const uint64_t id = Read(data, common_type_);
+  template <bool kPadded>
+  KvmEventType TypeOfBytes(const uint8_t* data, uint32_t size) const noexcept {
+    if (static_cast<int64_t>(size) < common_type_.offset + common_type_.size) {
+      return KvmEventType::kOther;
+    }
+    const uint64_t id = Get<kPadded>(data, common_type_);
     return id < static_cast<uint64_t>(kIdMapSize) ? by_id_[id] : KvmEventType::kOther;
+  }
+  template <bool kPadded>
+  bool DecodeImpl(const uint8_t* data, uint32_t size, uint64_t ts, uint32_t cpu,
+                  KvmRecord* out) noexcept;
+  // Read(), or with kPadded (DecodePadded: 7 readable bytes after the record, no byte swap)
+  // one load and a mask.
+  template <bool kPadded>
+  uint64_t Get(const uint8_t* data, Field f) const noexcept {
+    if constexpr (kPadded) {
+      uint64_t v;
+      std::memcpy(&v, data + f.at, 8);
+      return v & f.mask;
+    } else {
+      return Read(data, f);
+    }
   }
   uint64_t Read(const uint8_t* data, Field f) const noexcept {
     switch (f.size) {
@@ -197,8 +230,8 @@ class KvmTepDecoder {
 
   tep_handle* tep_;
   bool swap_ = false;
-  Field common_type_{0, 2};
-  Field common_pid_{4, 4};
+  Field common_type_ = MakeField(0, 2);
+  Field common_pid_ = MakeField(4, 4);
   std::array<EventFields, kKvmEventTypeCount> fields_{};
   // common_type id -> KvmEventType, for ids < kIdMapSize (kernel ids are small).
   static constexpr int kIdMapSize = 4096;

@@ -3,6 +3,7 @@
 //
 //   std::vector<RingEvent> events;                     // reused: no allocation per page
 //   if (WalkRingPageFast(page, page_size, &events)) {  // every event, with its timestamp
+//                                                      // (or appended: see the overload)
 //     for (const RingEvent& e : events) use(page + e.offset, e.size, e.ts);
 //   } else {
 //     // not sure: the checked path (PageIsSane, then libtraceevent's kbuffer) reads it
@@ -49,9 +50,11 @@ constexpr bool FastRingPagesApply(bool file_big_endian, uint32_t long_size) noex
   return !file_big_endian && std::endian::native == std::endian::little && long_size == 8;
 }
 
-// Walks one page (see above). `out` is cleared first; on false it holds nothing useful.
-inline bool WalkRingPageFast(const uint8_t* page, uint32_t page_size, std::vector<RingEvent>* out) {
-  out->clear();
+// Walks one page (see above), appending its records to `out` with offsets from `page - base`
+// (base: the page's offset in a larger buffer, 0 for offsets from the page). On false, what
+// it appended is not useful (the caller drops it).
+inline bool WalkRingPageFast(const uint8_t* page, uint32_t page_size, uint32_t base,
+                             std::vector<RingEvent>* out) {
   constexpr uint32_t kData = 16;
   if (page_size < kData) return false;
   uint64_t ts = 0, flags = 0;
@@ -72,7 +75,7 @@ inline bool WalkRingPageFast(const uint8_t* page, uint32_t page_size, std::vecto
       const uint32_t len = type_len * 4;
       if (len > size - curr - 4) return false;
       ts += delta;
-      out->push_back({kData + curr + 4, len, ts});
+      out->push_back({base + kData + curr + 4, len, ts});
       curr += 4 + len;
     } else if (type_len == 30) {  // TIME_EXTEND
       if (size - curr < 8) return false;
@@ -94,6 +97,13 @@ inline bool WalkRingPageFast(const uint8_t* page, uint32_t page_size, std::vecto
     }
   }
   return true;
+}
+
+// The same with `out` cleared first and offsets from the page: on false it holds nothing
+// useful.
+inline bool WalkRingPageFast(const uint8_t* page, uint32_t page_size, std::vector<RingEvent>* out) {
+  out->clear();
+  return WalkRingPageFast(page, page_size, 0, out);
 }
 
 }  // namespace exitscope::sources

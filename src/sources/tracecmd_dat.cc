@@ -123,16 +123,32 @@ bool PageIsSane(const uint8_t* page, uint32_t page_size, uint32_t long_size, boo
   return true;
 }
 
-// One CPU's data in one buffer, read page by page: the next record, lost-event count or
-// error of the stream, in the order the single-threaded reader met them. Pages go through
-// the fast walk (ring_page.h) when it is sure of them, else through PageIsSane and kbuffer.
-// Owns no state shared with other streams but `live` (the single-threaded reader passes
-// one counter for all; the threaded one a counter per stream, see ReadOwn).
-class ChunkPrefetch;
+// A run of one stream's pages and, once walked, their records in order, as the merge takes
+// them: a chunk of a compressed stream (uncompressed: up to kMappedPages mapped pages). Items
+// point into `base` (the chunk, or the mapped pages) by offset; a lost-event count has size
+// kLost and the count in ts. Each item stands for at least 8 bytes of its page (a record's
+// header and data), so a batch holds at most twice its pages' bytes in items: the chunk
+// bound (kMaxLiveChunks) bounds them too.
+struct Batch {
+  static constexpr uint32_t kLost = UINT32_MAX;
+  std::vector<RingEvent> items;
+  std::vector<uint8_t> chunk;  // a compressed stream's decompressed chunk (+ kPad)
+  const uint8_t* base = nullptr;
+  uint64_t bytes = 0;   // of pages at base
+  uint64_t offset = 0;  // in the file: the chunk's header, or the first mapped page
+  uint64_t chunks = 0;  // what chunks_read() counts of it: 1 chunk, or its mapped pages
+  // After the items: 1 the stream goes on (the next batch), 0 it ends, -1 `error`.
+  int after = 1;
+  Status error;
+};
 
+// One CPU's data in one buffer, read a batch at a time: its records and lost-event counts in
+// the order the single-threaded reader met them, then its end or error. Pages go through the
+// fast walk (ring_page.h) when it is sure of them, else through PageIsSane and kbuffer. Owns
+// no state shared with other streams but `live` (the single-threaded reader passes one
+// counter for all; the threaded one a counter per stream, see ReadOwn).
 class StreamCursor {
  public:
-  enum Kind : uint8_t { kEvent, kLost, kError, kEnd };
   struct Ctx {
     const std::string* path;
     const Layout* L;
@@ -141,6 +157,8 @@ class StreamCursor {
     uint32_t lsize;
     bool fast;  // FastRingPagesApply and allowed
   };
+  // Mapped (uncompressed) pages per batch.
+  static constexpr uint32_t kMappedPages = 16;
 
   StreamCursor(const Ctx& ctx, uint32_t cpu, size_t buffer, bool compressed, uint64_t offset,
                uint64_t size)
@@ -166,69 +184,125 @@ class StreamCursor {
   bool Init() {
     kbuf_ = kbuffer_alloc(x_.lsize == 8 ? KBUFFER_LSIZE_8 : KBUFFER_LSIZE_4,
                           x_.L->big ? KBUFFER_ENDIAN_BIG : KBUFFER_ENDIAN_LITTLE);
-    if (x_.fast) fast_events_.reserve(x_.L->page_size / 8);
     return kbuf_ != nullptr;
   }
 
-  // The next item: kEvent (*ts, *data, *size: valid until the next call), kLost (*lost),
-  // kError (error()), kEnd. After kError or kEnd, nothing more.
-  Kind Next(unsigned long long* ts, const uint8_t** data, uint32_t* size, int64_t* lost,
-            uint64_t* live) {
-    for (;;) {
-      if (fast_pos_ < fast_events_.size()) {
-        const RingEvent& e = fast_events_[fast_pos_++];
-        *ts = e.ts;
-        *data = page_ + e.offset;
-        *size = e.size;
-        return kEvent;
+  // A compressed stream's next chunk, claimed: its header read and the cursor past it, the
+  // data not yet decompressed (Decompress). result 1, 0 at the end, -1 a corrupt header.
+  struct Claim {
+    int result = 0;
+    uint64_t header = 0, data = 0, csize = 0, usize = 0;
+    Status error;
+  };
+  Claim ClaimChunk() {
+    Claim c;
+    if (chunks_left_ == 0) return c;
+    Bytes h(std::string_view(reinterpret_cast<const char*>(x_.map), x_.map_size), x_.L->big);
+    h.Seek(pos_);
+    c.header = pos_;
+    if (!h.U(4, &c.csize) || !h.U(4, &c.usize) || c.csize > x_.map_size - h.offset() ||
+        c.usize > kMaxChunk || c.usize % x_.L->page_size != 0) {
+      c.result = -1;
+      c.error = Fail(ErrorCode::kCorrupt, fmt::format("{}: offset {}: corrupt CPU {} chunk header",
+                                                      *x_.path, pos_, cpu_));
+      chunks_left_ = 0;  // nothing after a corrupt header is read
+      return c;
+    }
+    c.result = 1;
+    c.data = h.offset();
+    pos_ = c.data + c.csize;
+    --chunks_left_;
+    return c;
+  }
+
+  // Decompresses a claimed chunk into *b (its buffers reused; grown as needed, `live`
+  // counting the growth against the bound): b->after 1, or 0 / -1 (b->error) as claimed or
+  // when it does not decompress. Reads only the file and `c`: any thread may call it, for
+  // chunks claimed in order.
+  void Decompress(const Claim& c, Batch* b, uint64_t* live) const {
+    b->items.clear();
+    b->offset = c.header;
+    b->bytes = 0;
+    b->chunks = 0;
+    b->after = c.result;
+    if (c.result <= 0) {
+      b->error = c.error;
+      return;
+    }
+    const uint64_t need = c.usize + kPad;
+    if (need > b->chunk.size()) {
+      *live += need - b->chunk.size();
+      const uint64_t budget = std::min<uint64_t>(kMaxLiveChunks, 4096 * x_.map_size);
+      if (*live > budget) {
+        b->after = -1;
+        b->error = Fail(ErrorCode::kCorrupt,
+                        fmt::format("{}: offset {}: corrupt file: CPU data chunks would hold "
+                                    "{} bytes at once (limit {})",
+                                    *x_.path, c.header, *live, budget));
+        return;
       }
-      if (kbuf_state_ != kNone) {
-        void* ev =
-            kbuf_state_ == kFirst ? kbuffer_read_event(kbuf_, ts) : kbuffer_next_event(kbuf_, ts);
-        kbuf_state_ = kMore;
-        if (ev != nullptr) {
-          *data = static_cast<const uint8_t*>(ev);
-          *size = static_cast<uint32_t>(kbuffer_event_size(kbuf_));
-          return kEvent;
-        }
-        kbuf_state_ = kNone;
+      b->chunk.resize(need);
+    }
+    b->base = b->chunk.data();
+    std::memset(b->chunk.data() + c.usize, 0, kPad);
+    if (!Codecs::Get().Decompress(x_.L->compression, x_.map + c.data, c.csize, b->chunk.data(),
+                                  c.usize)) {
+      b->after = -1;
+      b->error = Fail(ErrorCode::kCorrupt,
+                      fmt::format("{}: offset {}: corrupt file: CPU {} chunk does not "
+                                  "decompress ({}, {} -> {} bytes)",
+                                  *x_.path, c.header, cpu_, x_.L->compression, c.csize, c.usize));
+      return;
+    }
+    b->bytes = c.usize;
+    b->chunks = 1;
+  }
+
+  // The stream's next run of pages into *b (its buffers reused): a chunk claimed and
+  // decompressed, or mapped pages; b->after 0 at the end, -1 on a corrupt chunk.
+  void Load(Batch* b, uint64_t* live) {
+    if (compressed_) {
+      Decompress(ClaimChunk(), b, live);
+      return;
+    }
+    const uint32_t page = x_.L->page_size;
+    b->items.clear();
+    b->after = 1;
+    b->offset = pos_;
+    b->bytes = 0;
+    if (pos_ >= end_) {
+      b->after = 0;
+    } else if (pos_ + page + kPad > x_.map_size) {
+      // The file's last page: copied, so that kbuffer's reads past it stay in memory.
+      b->chunk.assign(page + kPad, 0);
+      std::memcpy(b->chunk.data(), x_.map + pos_, page);
+      b->base = b->chunk.data();
+      b->bytes = page;
+    } else {
+      b->base = x_.map + pos_;
+      while (b->bytes < uint64_t{kMappedPages} * page && pos_ + b->bytes < end_ &&
+             pos_ + b->bytes + page + kPad <= x_.map_size) {
+        b->bytes += page;
       }
-      const uint8_t* p = nullptr;
-      uint64_t off = 0;
-      const int r = NextPage(&p, &off, live);
-      if (r <= 0) return r == 0 ? kEnd : kError;
-      const uint32_t page = x_.L->page_size;
-      fast_pos_ = 0;
-      const bool fast = x_.fast && WalkRingPageFast(p, page, &fast_events_);
-      if (!fast) {
-        fast_events_.clear();
-        std::string why;
-        if (!PageIsSane(p, page, x_.lsize, x_.L->big, &why)) {
-          error_ = Fail(ErrorCode::kCorrupt,
-                        fmt::format("{}: offset {}: corrupt CPU {} data{}: {}", *x_.path, off, cpu_,
-                                    compressed_ ? " (in the compressed chunk there)" : "", why));
-          return kError;
-        }
-        kbuf_state_ = kFirst;
-        ++checked_pages_;
-      } else {
-        ++fast_pages_;
-      }
-      page_ = p;
-      kbuffer_load_subbuffer(kbuf_, const_cast<uint8_t*>(p));
-      last_offset_ = off;
-      if (const int missed = kbuffer_missed_events(kbuf_); missed != 0) {
-        *lost = missed;
-        return kLost;
+    }
+    pos_ += b->bytes;
+    b->chunks = b->bytes / page;
+  }
+
+  // Walks the pages Load put in *b into its items, stopping at a corrupt page (b->after -1).
+  // Called by the merge's thread only.
+  void Walk(Batch* b) {
+    const uint32_t page = x_.L->page_size;
+    for (uint64_t at = 0; at < b->bytes; at += page) {
+      if (!WalkPage(b, static_cast<uint32_t>(at), compressed_ ? b->offset : b->offset + at)) {
+        return;
       }
     }
   }
 
-  Status error() const { return error_; }
   uint32_t cpu() const { return cpu_; }
   size_t buffer() const { return buffer_; }
   uint64_t last_offset() const { return last_offset_; }
-  uint64_t chunks() const { return chunks_; }
   uint64_t fast_pages() const { return fast_pages_; }
   uint64_t checked_pages() const { return checked_pages_; }
 
@@ -257,128 +331,87 @@ class StreamCursor {
     return out;
   }
 
-  // The next page: 1 and *p, *off; 0 at the end; -1 with error_ set. Next() uses it; by
-  // itself it is the reader's floor (TraceCmdDat::LoadPagesOnly).
-  int NextPage(const uint8_t** p, uint64_t* off, uint64_t* live) {
-    const uint32_t page = x_.L->page_size;
-    if (!compressed_) {
-      if (pos_ >= end_) return 0;
-      *off = pos_;
-      if (pos_ + page + kPad <= x_.map_size) {
-        *p = x_.map + pos_;
-      } else {  // the file's last page: copy so that kbuffer's reads past it stay in memory
-        chunk_.assign(page + kPad, 0);
-        std::memcpy(chunk_.data(), x_.map + pos_, page);
-        *p = chunk_.data();
-      }
-      pos_ += page;
-      ++chunks_;
-      return 1;
-    }
-    if (chunk_pos_ >= chunk_bytes_) {
-      const int r = prefetch_ != nullptr ? TakePrefetched()
-                                         : LoadChunk(&chunk_, &chunk_bytes_, &chunk_offset_, live);
-      if (r <= 0) return r;
-      chunk_pos_ = 0;
-    }
-    *p = chunk_.data() + chunk_pos_;
-    *off = chunk_offset_;
-    chunk_pos_ += page;
-    return 1;
-  }
-
-  // Decompresses the stream's next chunk into *buf (grown as needed, `live` counting the
-  // growth against the bound): 1 (*usize_out and *offset_out set: its size and where its
-  // header is), 0 at the end, -1 with error_ set. Called by NextPage, or by the stream's
-  // prefetching thread (ChunkPrefetch), which then alone touches pos_, chunks_left_, chunks_
-  // and error_ until it has stopped.
-  int LoadChunk(std::vector<uint8_t>* buf, size_t* usize_out, uint64_t* offset_out,
-                uint64_t* live) {
-    const uint32_t page = x_.L->page_size;
-    if (chunks_left_ == 0) return 0;
-    Bytes h(std::string_view(reinterpret_cast<const char*>(x_.map), x_.map_size), x_.L->big);
-    h.Seek(pos_);
-    uint64_t csize = 0, usize = 0;
-    if (!h.U(4, &csize) || !h.U(4, &usize) || csize > x_.map_size - h.offset() ||
-        usize > kMaxChunk || usize % page != 0) {
-      error_ = Fail(ErrorCode::kCorrupt, fmt::format("{}: offset {}: corrupt CPU {} chunk header",
-                                                     *x_.path, pos_, cpu_));
-      return -1;
-    }
-    const uint64_t need = usize + kPad;
-    if (need > buf->size()) {
-      *live += need - buf->size();
-      const uint64_t budget = std::min<uint64_t>(kMaxLiveChunks, 4096 * x_.map_size);
-      if (*live > budget) {
-        error_ = Fail(ErrorCode::kCorrupt,
-                      fmt::format("{}: offset {}: corrupt file: CPU data chunks would hold "
-                                  "{} bytes at once (limit {})",
-                                  *x_.path, pos_, *live, budget));
-        return -1;
-      }
-      buf->resize(need);
-    }
-    std::memset(buf->data() + usize, 0, kPad);
-    if (!Codecs::Get().Decompress(x_.L->compression, x_.map + h.offset(), csize, buf->data(),
-                                  usize)) {
-      error_ = Fail(ErrorCode::kCorrupt,
-                    fmt::format("{}: offset {}: corrupt file: CPU {} chunk does not "
-                                "decompress ({}, {} -> {} bytes)",
-                                *x_.path, pos_, cpu_, x_.L->compression, csize, usize));
-      return -1;
-    }
-    *offset_out = pos_;
-    *usize_out = usize;
-    pos_ = h.offset() + csize;
-    --chunks_left_;
-    ++chunks_;
-    return 1;
-  }
-
   bool compressed() const { return compressed_; }
-  // Chunks come from `p` (started on this cursor) instead of LoadChunk on this thread.
-  void set_prefetch(ChunkPrefetch* p) { prefetch_ = p; }
 
  private:
-  friend class ChunkPrefetch;
-  int TakePrefetched();  // after ChunkPrefetch
-  enum KbufState : uint8_t { kNone, kFirst, kMore };
+  // Appends the page at b->base + at (from file offset `off`: the chunk's header, or the
+  // page's) to b: its lost-event count first, then its records. false: a corrupt page
+  // (b->after -1, b->error set).
+  bool WalkPage(Batch* b, uint32_t at, uint64_t off) {
+    const uint32_t page = x_.L->page_size;
+    const uint8_t* p = b->base + at;
+    last_offset_ = off;
+    const size_t mark = b->items.size();
+    const bool fast = x_.fast && WalkRingPageFast(p, page, at, &b->items);
+    if (!fast) {
+      b->items.resize(mark);
+      std::string why;
+      if (!PageIsSane(p, page, x_.lsize, x_.L->big, &why)) {
+        b->error = Fail(ErrorCode::kCorrupt,
+                        fmt::format("{}: offset {}: corrupt CPU {} data{}: {}", *x_.path, off, cpu_,
+                                    compressed_ ? " (in the compressed chunk there)" : "", why));
+        b->after = -1;
+        return false;
+      }
+      ++checked_pages_;
+    } else {
+      ++fast_pages_;
+    }
+    kbuffer_load_subbuffer(kbuf_, const_cast<uint8_t*>(p));
+    if (const int missed = kbuffer_missed_events(kbuf_); missed != 0) {
+      b->items.insert(b->items.begin() + static_cast<ptrdiff_t>(mark),
+                      RingEvent{0, Batch::kLost, std::bit_cast<uint64_t>(int64_t{missed})});
+    }
+    if (fast) return true;
+    unsigned long long ts = 0;
+    for (void* ev = kbuffer_read_event(kbuf_, &ts); ev != nullptr;
+         ev = kbuffer_next_event(kbuf_, &ts)) {
+      b->items.push_back({static_cast<uint32_t>(static_cast<const uint8_t*>(ev) - b->base),
+                          static_cast<uint32_t>(kbuffer_event_size(kbuf_)), ts});
+    }
+    return true;
+  }
+
   Ctx x_;
   uint32_t cpu_;
   size_t buffer_;
   bool compressed_;
   uint64_t pos_, end_;  // uncompressed: next page; compressed: next chunk header
   uint64_t chunks_left_ = 0;
-  std::vector<uint8_t> chunk_;  // one decompressed chunk + kPad
-  size_t chunk_bytes_ = 0, chunk_pos_ = 0;
-  uint64_t chunk_offset_ = 0;
-  ChunkPrefetch* prefetch_ = nullptr;
   kbuffer* kbuf_ = nullptr;
-  KbufState kbuf_state_ = kNone;
-  const uint8_t* page_ = nullptr;
-  std::vector<RingEvent> fast_events_;
-  size_t fast_pos_ = 0;
-  uint64_t last_offset_ = 0, chunks_ = 0, fast_pages_ = 0, checked_pages_ = 0;
-  Status error_;
+  uint64_t last_offset_ = 0, fast_pages_ = 0, checked_pages_ = 0;
 };
 
-// Decompressed CPU data from which ReadOwn decompresses on threads by default.
+// Decompressed CPU data from which ReadOwn reads on threads by default.
 constexpr uint64_t kThreadedFrom = 8ull << 20;
 
-// Decompresses one compressed stream's chunks on a thread of its own, at most kAhead ahead
-// of its cursor. The cursor still walks the pages, and the records are still merged, decoded
-// and paired on the calling thread in the same order, so the result is the same; a chunk
-// that fails (header, bound, decompression) is reported when the cursor reaches it, as
-// without the thread. Buffers are recycled: at most kAhead + 2 per stream exist at once.
-class ChunkPrefetch {
+// Decompresses one compressed stream's chunks on a thread of its own, up to `ahead` chunks
+// ahead of the merge, which takes them in order; when the next one is not claimed yet (the
+// thread is still starting, or slower), the merge claims and decompresses it itself rather
+// than wait. Chunks are claimed in order under the lock and decompressed outside it, so the
+// pages, walked on the merge's thread, are the same in the same order: the result is that of
+// one thread, and a chunk that fails is reported when the merge reaches it. Batches are
+// recycled: at most ahead + 2 per stream exist at once. Both sides sleep rarely, as a wakeup
+// costs microseconds (more in a guest): the thread fills until `ahead` are ready, then sleeps
+// until the merge has taken half of them; the merge sleeps only for a chunk the thread is
+// decompressing.
+class BatchPrefetch {
  public:
-  static constexpr size_t kAhead = 2;
-  static constexpr uint64_t kBuffers = kAhead + 2;
+  // Chunks ahead at most: kAheadBytes of the stream's largest chunk, within [2, kMaxAhead].
+  // Small on purpose: the merge reads a chunk from the other core's cache, and the further
+  // ahead the thread runs the further out that is (measured: the walk of the tiled capture
+  // took 5.7 ms with 2 ahead, 6.3 ms with 8, 9.5 ms with 64; docs/trace-files.md).
+  static constexpr uint64_t kAheadBytes = 512ull << 10;
+  static constexpr uint64_t kMaxAhead = 8;
+  static uint64_t AheadFor(uint64_t largest_chunk) {
+    return std::clamp<uint64_t>(kAheadBytes / std::max<uint64_t>(largest_chunk, 1), 2, kMaxAhead);
+  }
 
-  explicit ChunkPrefetch(StreamCursor* cursor) : cursor_(cursor) {}
-  ~ChunkPrefetch() { Stop(); }
-  ChunkPrefetch(const ChunkPrefetch&) = delete;
-  ChunkPrefetch& operator=(const ChunkPrefetch&) = delete;
+  BatchPrefetch(StreamCursor* cursor, uint64_t ahead)
+      : cursor_(cursor), ahead_(ahead), low_(ahead / 2) {}
+  ~BatchPrefetch() { Stop(); }
+  BatchPrefetch(const BatchPrefetch&) = delete;
+  BatchPrefetch& operator=(const BatchPrefetch&) = delete;
 
   void Start() {
     thread_ = std::thread([this] { Run(); });
@@ -389,73 +422,93 @@ class ChunkPrefetch {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
     }
-    cv_.notify_all();
+    space_.notify_one();
     if (thread_.joinable()) thread_.join();
   }
-  // The cursor's side: its next chunk into c->chunk_ (the one it read goes back to the
-  // thread). 1, 0 at the end, -1 with the cursor's error set (by the thread).
-  int Take(StreamCursor* c) {
-    if (last_ <= 0) return last_;  // the end or the error again: the thread has stopped
+  // The merge's side: the next chunk into *b (the one it read goes back to the thread).
+  void Take(std::unique_ptr<Batch>* b) {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return !ready_.empty(); });
-    Chunk ch = std::move(ready_.front());
-    ready_.pop_front();
-    last_ = ch.result;
-    if (ch.result == 1) {
-      free_.push_back(std::move(c->chunk_));
-      c->chunk_ = std::move(ch.buf);
-      c->chunk_bytes_ = ch.usize;
-      c->chunk_offset_ = ch.offset;
+    if (*b) free_.push_back(std::move(*b));
+    const uint64_t want = taken_++;
+    if (want == claimed_) {  // not claimed yet: decompress it here
+      const StreamCursor::Claim c = Claim();
+      *b = FreeBatch();
+      lock.unlock();
+      cursor_->Decompress(c, b->get(), &live_);
+      return;
     }
+    if (ready_.empty() || ready_.front().first != want) {
+      taker_waits_ = true;
+      ready_cv_.wait(lock, [&] { return !ready_.empty() && ready_.front().first == want; });
+      taker_waits_ = false;
+    }
+    *b = std::move(ready_.front().second);
+    ready_.pop_front();
+    const bool wake = claimed_ - taken_ == low_;
     lock.unlock();
-    cv_.notify_all();
-    return ch.result;
+    if (wake) space_.notify_one();
   }
 
  private:
-  struct Chunk {
-    std::vector<uint8_t> buf;
-    size_t usize = 0;
-    uint64_t offset = 0;
-    int result = 0;
-  };
+  // Under mu_: the next chunk's claim (in order), counted.
+  StreamCursor::Claim Claim() {
+    StreamCursor::Claim c = ended_ ? StreamCursor::Claim{} : cursor_->ClaimChunk();
+    if (c.result <= 0) ended_ = true;
+    ++claimed_;
+    return c;
+  }
+  std::unique_ptr<Batch> FreeBatch() {
+    if (free_.empty()) return std::make_unique<Batch>();
+    std::unique_ptr<Batch> b = std::move(free_.back());
+    free_.pop_back();
+    return b;
+  }
   void Run() {
-    uint64_t live = 0;  // this stream's buffers (their sum was checked before starting)
+    uint64_t live = 0;  // chunk bytes this thread grew (the sum was checked before starting)
+    bool full = false;  // `ahead` were ahead: wait until the merge has taken half
     for (;;) {
-      Chunk ch;
+      std::unique_ptr<Batch> b;
+      StreamCursor::Claim c;
+      uint64_t seq = 0;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || ready_.size() < kAhead; });
-        if (stop_) return;
-        if (!free_.empty()) {
-          ch.buf = std::move(free_.back());
-          free_.pop_back();
-        }
+        space_.wait(lock, [&] {
+          return stop_ || ended_ || claimed_ - taken_ < (full ? low_ + 1 : ahead_);
+        });
+        if (stop_ || ended_) return;
+        seq = claimed_;
+        c = Claim();
+        b = FreeBatch();
       }
-      ch.result = cursor_->LoadChunk(&ch.buf, &ch.usize, &ch.offset, &live);
-      const bool done = ch.result <= 0;
+      cursor_->Decompress(c, b.get(), &live);
+      bool wake = false;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        ready_.push_back(std::move(ch));
+        // Chunks finish in claim order: only this thread claims ahead of the merge.
+        ready_.emplace_back(seq, std::move(b));
+        full = claimed_ - taken_ >= ahead_;
+        wake = taker_waits_;
       }
-      cv_.notify_all();
-      if (done) return;
+      if (wake) ready_cv_.notify_one();
     }
   }
 
   StreamCursor* cursor_;
+  const uint64_t ahead_, low_;
   std::thread thread_;
   std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Chunk> ready_;
-  std::vector<std::vector<uint8_t>> free_;
+  std::condition_variable ready_cv_;  // the merge waits for the chunk it takes next
+  std::condition_variable space_;     // the thread waits for room
+  // Chunks in claim order: claimed_ claimed (by either side), taken_ taken by the merge;
+  // ready_: those the thread decompressed and the merge has not taken, by number.
+  uint64_t claimed_ = 0, taken_ = 0;
+  std::deque<std::pair<uint64_t, std::unique_ptr<Batch>>> ready_;
+  std::vector<std::unique_ptr<Batch>> free_;
+  uint64_t live_ = 0;   // chunk bytes the merge's side grew
+  bool ended_ = false;  // the last claim was the end or an error: no more
   bool stop_ = false;
-  int last_ = 1;  // the cursor's: what the last Take returned
+  bool taker_waits_ = false;
 };
-
-int StreamCursor::TakePrefetched() {
-  return prefetch_->Take(this);
-}
 
 struct IterState {
   KvmTepDecoder* decoder;
@@ -675,85 +728,96 @@ Status TraceCmdDat::ReadOwn(KvmPairer* pairer, KvmTepDecoder* decoder) {
       return Fail(ErrorCode::kInternal, fmt::format("{}: cannot allocate a kbuffer", path_));
     }
   }
-  // One decompressing thread per compressed stream (threads_ 0: when there are several cores
-  // and at least kThreadedFrom bytes of decompressed CPU data: below that, a read takes
-  // milliseconds and starting threads costs more than it saves). The threads only
-  // decompress chunks (ChunkPrefetch); the pages are walked, merged, decoded and paired on
-  // this thread, in the same order as without threads, so the result is the same.
-  // Uncompressed streams are mapped pages: nothing to hand to a thread. Chunk memory is
-  // bounded per file (kMaxLiveChunks): with threads a stream holds up to kBuffers chunks at
+  // One thread per compressed stream (threads_ 0: when there are several cores and at least
+  // kThreadedFrom bytes of decompressed CPU data: below that, a read takes milliseconds and
+  // starting threads costs more than it saves). A stream's thread decompresses its chunks and
+  // walks their pages into batches (BatchPrefetch); the records are merged, decoded and
+  // paired on this thread, in the same order as without threads, so the result is the same.
+  // Uncompressed streams are mapped pages, walked here. Chunk memory is bounded per file
+  // (kMaxLiveChunks): with threads a stream holds up to BatchPrefetch::AheadFor + 2 chunks at
   // once, so they run only when every stream's largest chunk, that many times, fits the
   // bound (else the single-threaded reader reports the file as before).
   bool threaded = false;
   if (threads_ != 1) {
     const unsigned cores = std::thread::hardware_concurrency();
-    uint64_t data = 0, largest = 0;
+    uint64_t data = 0, held = 0;
     bool any = false;
     for (const auto& s : streams) {
       if (!s->compressed()) continue;
       any = true;
       const StreamCursor::ChunkSizes z = s->Sizes();
       data += z.total;
-      largest += z.largest;
+      held += z.largest * (BatchPrefetch::AheadFor(z.largest) + 2);
     }
-    threaded =
-        any && (threads_ > 1 || (cores > 1 && data >= kThreadedFrom)) &&
-        largest * ChunkPrefetch::kBuffers <= std::min<uint64_t>(kMaxLiveChunks, 4096 * map_size_);
+    threaded = any && (threads_ > 1 || (cores > 1 && data >= kThreadedFrom)) &&
+               held <= std::min<uint64_t>(kMaxLiveChunks, 4096 * map_size_);
   }
-  std::vector<std::unique_ptr<ChunkPrefetch>> prefetch;
+  // Each stream's place in the merge: its current batch and the next item in it.
+  struct Head {
+    std::unique_ptr<Batch> batch;
+    std::unique_ptr<BatchPrefetch> prefetch;  // threaded: where its batches come from
+    const RingEvent* cur = nullptr;
+    const RingEvent* end = nullptr;
+    unsigned long long ts = 0;  // *cur's, while `has`
+    bool has = false;
+    uint64_t count = 0;  // records fed
+  };
+  std::vector<Head> heads(streams.size());
+  int threads = 0;
   if (threaded) {
-    for (auto& s : streams) {
-      if (!s->compressed()) continue;
-      prefetch.push_back(std::make_unique<ChunkPrefetch>(s.get()));
-      s->set_prefetch(prefetch.back().get());
-      prefetch.back()->Start();
+    for (size_t i = 0; i < streams.size(); ++i) {
+      if (!streams[i]->compressed()) continue;
+      heads[i].prefetch = std::make_unique<BatchPrefetch>(
+          streams[i].get(), BatchPrefetch::AheadFor(streams[i]->Sizes().largest));
+      heads[i].prefetch->Start();
+      ++threads;
     }
   }
-  read_threads_ = 1 + static_cast<int>(prefetch.size());
-  // Totals of the streams; the threads are stopped first (their cursors' chunk counters are
-  // theirs until then).
+  read_threads_ = 1 + threads;
+  // Totals of the streams; the threads are stopped first (their cursors' counters are theirs
+  // until then).
   const auto finish = [&] {
-    for (auto& p : prefetch) p->Stop();
-    chunks_read_ = 0;
+    for (Head& h : heads) {
+      if (h.prefetch) h.prefetch->Stop();
+    }
     for (const auto& s : streams) {
-      chunks_read_ += s->chunks();
       fast_pages_ += s->fast_pages();
       checked_pages_ += s->checked_pages();
     }
   };
   uint64_t live = 0;  // bytes of decompressed chunks held by all streams (single thread)
-  struct Head {
-    unsigned long long ts = 0;
-    const uint8_t* data = nullptr;
-    uint32_t size = 0;
-    bool has = false;
-    uint64_t count = 0;  // records fed
-  };
-  std::vector<Head> heads(streams.size());
   Status error;
-  // Moves stream `i` to its next record, passing lost-event counts to the pairer on the way.
-  // false: an error (in `error`).
+  // Moves stream `i` to its next record, passing lost-event counts to the pairer on the way
+  // and taking its next batch when one is used up. false: an error (in `error`).
   const auto pull = [&](size_t i) -> bool {
     Head& h = heads[i];
     for (;;) {
-      StreamCursor::Kind kind;
-      int64_t lost = 0;
-      kind = streams[i]->Next(&h.ts, &h.data, &h.size, &lost, &live);
-      switch (kind) {
-        case StreamCursor::kEvent:
+      for (; h.cur != h.end; ++h.cur) {
+        if (h.cur->size != Batch::kLost) {
+          h.ts = h.cur->ts;
           h.has = true;
           return true;
-        case StreamCursor::kLost:
-          pairer->OnLost(streams[i]->cpu(), lost);
-          break;
-        case StreamCursor::kError:
-          h.has = false;
-          error = streams[i]->error();
-          return false;
-        case StreamCursor::kEnd:
-          h.has = false;
-          return true;
+        }
+        pairer->OnLost(streams[i]->cpu(), std::bit_cast<int64_t>(h.cur->ts));
       }
+      if (h.batch && h.batch->after <= 0) {
+        h.has = false;
+        if (h.batch->after == 0) return true;
+        error = h.batch->error;
+        return false;
+      }
+      if (h.prefetch) {
+        h.prefetch->Take(&h.batch);
+      } else {
+        if (!h.batch) h.batch = std::make_unique<Batch>();
+        streams[i]->Load(h.batch.get(), &live);
+      }
+      if (h.batch->after == 1) {
+        chunks_read_ += h.batch->chunks;
+        streams[i]->Walk(h.batch.get());
+      }
+      h.cur = h.batch->items.data();
+      h.end = h.cur + h.batch->items.size();
     }
   };
   const auto fix_ts = [&](unsigned long long ts) -> uint64_t {
@@ -786,50 +850,68 @@ Status TraceCmdDat::ReadOwn(KvmPairer* pairer, KvmTepDecoder* decoder) {
   KvmRecord other;
   other.type = KvmEventType::kOther;
   uint64_t read = 0;
+  const size_t n = streams.size();
   for (;;) {
-    size_t best = streams.size();
+    // The stream with the lowest (timestamp, index) goes next, and its records keep going
+    // while they stay below the next stream's (`bound`): the merge picks a stream once per
+    // run of records, not per record.
+    size_t best = n, bound = n;
     if (use_heap) {
       if (heap.empty()) break;
       std::pop_heap(heap.begin(), heap.end(), std::greater<>());
       best = heap.back().second;
       heap.pop_back();
+      if (!heap.empty()) bound = heap.front().second;
     } else {
-      for (size_t i = 0; i < streams.size(); ++i) {
-        if (heads[i].has && (best == streams.size() || heads[i].ts < heads[best].ts)) {
+      for (size_t i = 0; i < n; ++i) {
+        if (!heads[i].has) continue;
+        if (best == n || heads[i].ts < heads[best].ts) {
+          bound = best;
           best = i;
+        } else if (bound == n || heads[i].ts < heads[bound].ts) {
+          bound = i;
         }
       }
-      if (best == streams.size()) break;
+      if (best == n) break;
     }
+    const unsigned long long bound_ts = bound < n ? heads[bound].ts : ~0ull;
     Head& c = heads[best];
     const uint32_t cpu = streams[best]->cpu();
-    const uint64_t ts = fix_ts(c.ts);
-    ++read;
-    ++c.count;
-    if (count_u16 && c.size >= count_end) {  // the common layout: a little-endian u16 id
-      uint16_t id;
-      std::memcpy(&id, c.data + type_offset_, 2);
-      if (id < per_type_.size()) {
-        ++per_type_[id];
+    do {
+      const uint64_t ts = fix_ts(c.ts);
+      const uint8_t* data = c.batch->base + c.cur->offset;
+      const uint32_t size = c.cur->size;
+      ++read;
+      ++c.count;
+      if (count_u16 && size >= count_end) {  // the common layout: a little-endian u16 id
+        uint16_t id;
+        std::memcpy(&id, data + type_offset_, 2);
+        if (id < per_type_.size()) {
+          ++per_type_[id];
+        } else {
+          Count(data, static_cast<int>(size));
+        }
       } else {
-        Count(c.data, static_cast<int>(c.size));
+        Count(data, static_cast<int>(size));
       }
-    } else {
-      Count(c.data, static_cast<int>(c.size));
-    }
-    if (decoder->DecodeBytes(c.data, c.size, ts, cpu, &rec)) {
-      pairer->Feed(rec);
-    } else {
-      other.ts = ts;
-      other.cpu = cpu;
-      pairer->Feed(other);
-    }
-    if (!pull(best)) {
-      records_read_ = read;
-      finish();
-      pairer->Finish();
-      return error;
-    }
+      // Every record is followed by at least kPad readable bytes (the rest of its page, then
+      // the chunk's or the map's padding: see StreamCursor::Load), as DecodePadded needs.
+      if (decoder->DecodePadded(data, size, ts, cpu, &rec)) {
+        pairer->Feed(rec);
+      } else {
+        other.ts = ts;
+        other.cpu = cpu;
+        pairer->Feed(other);
+      }
+      if (++c.cur != c.end && c.cur->size != Batch::kLost) {
+        c.ts = c.cur->ts;  // the next record of the same batch: what pull would find
+      } else if (!pull(best)) {
+        records_read_ = read;
+        finish();
+        pairer->Finish();
+        return error;
+      }
+    } while (c.has && (c.ts < bound_ts || (c.ts == bound_ts && best < bound)));
     if (use_heap && c.has) {
       heap.push_back({c.ts, best});
       std::push_heap(heap.begin(), heap.end(), std::greater<>());
@@ -872,21 +954,25 @@ Status TraceCmdDat::LoadPagesOnly(uint64_t* pages, uint64_t* checksum) {
     const Layout::Buffer& b = L.buffers[bi];
     for (const Layout::CpuData& c : b.cpus) {
       StreamCursor s(ctx, c.cpu, bi, b.compressed, c.offset, c.size);
-      const uint8_t* p = nullptr;
-      uint64_t off = 0;
-      for (int r; (r = s.NextPage(&p, &off, &live)) != 0;) {
-        if (r < 0) return s.error();
-        ++*pages;
-        // Uncompressed pages are only mapped: read them (a word per cache line) so that the
-        // floor includes bringing them in; a decompressed page was just written.
-        if (!b.compressed) {
-          for (uint32_t i = 0; i + 8 <= L.page_size; i += 64) {
-            uint64_t v;
-            std::memcpy(&v, p + i, 8);
-            *checksum ^= v;
+      Batch batch;
+      for (;;) {
+        s.Load(&batch, &live);
+        if (batch.after < 0) return batch.error;
+        if (batch.after == 0) break;
+        for (uint64_t at = 0; at < batch.bytes; at += L.page_size) {
+          const uint8_t* p = batch.base + at;
+          ++*pages;
+          // Uncompressed pages are only mapped: read them (a word per cache line) so that the
+          // floor includes bringing them in; a decompressed page was just written.
+          if (!b.compressed) {
+            for (uint32_t i = 0; i + 8 <= L.page_size; i += 64) {
+              uint64_t v;
+              std::memcpy(&v, p + i, 8);
+              *checksum ^= v;
+            }
+          } else {
+            *checksum += p[0];
           }
-        } else {
-          *checksum += p[0];
         }
       }
     }

@@ -89,7 +89,7 @@ class TraceCmdDat {
   // Records per event seen by the last ReadAll (events with no record left out), sorted by
   // system and name. An event id no format defines is named "unknown" with system "#<id>".
   std::vector<DatEventCount> event_counts() const;
-  // CPU data chunks (compressed files) or pages (uncompressed) the last ReadAll loaded.
+  // CPU data chunks (compressed files) or pages (uncompressed) the last ReadAll walked.
   uint64_t chunks_read() const noexcept { return chunks_read_; }
 
   // true (default): pages the fast walk is sure of (ring_page.h) are read without kbuffer;

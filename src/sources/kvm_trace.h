@@ -162,7 +162,7 @@ class KvmTepDecoder {
   struct Field {
     int16_t offset = -1;
     int16_t size = 0;
-    // For ReadPadded: where to load 8 bytes and the mask that keeps the field's (0: absent, or
+    // For DecodePadded: where to load 8 bytes and the mask that keeps the field's (0: absent, or
     // a size not read as a number).
     uint16_t at = 0;
     uint64_t mask = 0;

@@ -730,10 +730,11 @@ Status TraceCmdDat::ReadOwn(KvmPairer* pairer, KvmTepDecoder* decoder) {
   }
   // One thread per compressed stream (threads_ 0: when there are several cores and at least
   // kThreadedFrom bytes of decompressed CPU data: below that, a read takes milliseconds and
-  // starting threads costs more than it saves). A stream's thread decompresses its chunks and
-  // walks their pages into batches (BatchPrefetch); the records are merged, decoded and
-  // paired on this thread, in the same order as without threads, so the result is the same.
-  // Uncompressed streams are mapped pages, walked here. Chunk memory is bounded per file
+  // starting threads costs more than it saves). A stream's thread decompresses its chunks
+  // (BatchPrefetch; this thread too, when it gets ahead); their pages are walked, and the
+  // records merged, decoded and paired, on this thread, in the same order as without threads,
+  // so the result is the same. Uncompressed streams are mapped pages, walked here with no
+  // thread. Chunk memory is bounded per file
   // (kMaxLiveChunks): with threads a stream holds up to BatchPrefetch::AheadFor + 2 chunks at
   // once, so they run only when every stream's largest chunk, that many times, fits the
   // bound (else the single-threaded reader reports the file as before).

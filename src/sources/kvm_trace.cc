@@ -131,6 +131,7 @@ bool KvmTepDecoder::DecodePadded(const uint8_t* d, uint32_t size, uint64_t ts, u
 template <bool kPadded>
 bool KvmTepDecoder::DecodeImpl(const uint8_t* d, uint32_t size, uint64_t ts, uint32_t cpu,
                                KvmRecord* out) noexcept {
+  // Shadows the member Read: the body below reads fields the same way in both instantiations.
   const auto Read = [this](const uint8_t* data, Field f) { return Get<kPadded>(data, f); };
   const KvmEventType t = TypeOfBytes<kPadded>(d, size);
   if (t == KvmEventType::kOther) return false;

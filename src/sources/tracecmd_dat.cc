@@ -146,7 +146,7 @@ struct Batch {
 // the order the single-threaded reader met them, then its end or error. Pages go through the
 // fast walk (ring_page.h) when it is sure of them, else through PageIsSane and kbuffer. Owns
 // no state shared with other streams but `live` (the single-threaded reader passes one
-// counter for all; the threaded one a counter per stream, see ReadOwn).
+// counter for all; with threads, each side of a stream's BatchPrefetch counts its own).
 class StreamCursor {
  public:
   struct Ctx {

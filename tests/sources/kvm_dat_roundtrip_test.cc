@@ -29,6 +29,15 @@ namespace {
 namespace fs = std::filesystem;
 using exitscope::testing::RealKvmFormats;
 
+// A tracefs directory for TraceDatWriter: the real 6.18 event formats (committed test data)
+// and the local clock.
+void MakeTracefs(const fs::path& tracefs) {
+  fs::create_directories(tracefs);
+  fs::copy(testing::KvmTestdata("tracefs-pvm-6.18/events"), tracefs / "events",
+           fs::copy_options::recursive);
+  std::ofstream(tracefs / "trace_clock") << "[local] global counter\n";
+}
+
 struct Exits : EventSink {
   std::vector<std::tuple<uint64_t, uint64_t, std::string, uint32_t, uint64_t>> list;
   void OnExit(const ExitEvent& e) override {
@@ -46,10 +55,7 @@ class KvmDatRoundTrip : public ::testing::Test {
            ("kvm_dat_roundtrip." + std::to_string(::getpid()) + "." +
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
-    fs::create_directories(dir_ / "tracefs");
-    fs::copy(testing::KvmTestdata("tracefs-pvm-6.18/events"), dir_ / "tracefs/events",
-             fs::copy_options::recursive);
-    std::ofstream(dir_ / "tracefs/trace_clock") << "[local] global counter\n";
+    MakeTracefs(dir_ / "tracefs");
     path_ = (dir_ / "exits.dat").string();
     TraceDatWriter::Layout layout;
     layout.tracefs_dir = (dir_ / "tracefs").string();
@@ -191,10 +197,7 @@ TEST_P(KvmDatMerge, RunsTiesAndMigrationsInLibtracecmdsOrder) {
   const fs::path dir = fs::path(::testing::TempDir()) /
                        ("kvm_dat_merge." + std::to_string(::getpid()) + "." + std::to_string(cpus));
   fs::remove_all(dir);
-  fs::create_directories(dir / "tracefs");
-  fs::copy(testing::KvmTestdata("tracefs-pvm-6.18/events"), dir / "tracefs/events",
-           fs::copy_options::recursive);
-  std::ofstream(dir / "tracefs/trace_clock") << "[local] global counter\n";
+  MakeTracefs(dir / "tracefs");
   // Per CPU, (timestamp, order, record): sorted before they go into pages.
   std::vector<std::vector<std::tuple<uint64_t, int, std::vector<uint8_t>>>> per_cpu(cpus);
   int order = 0;
@@ -296,10 +299,7 @@ TEST(KvmDatOtherSystems, RecordsOfUnparsedEventsAreCountedByTheirName) {
   const fs::path dir =
       fs::path(::testing::TempDir()) / ("kvm_dat_other." + std::to_string(::getpid()));
   fs::remove_all(dir);
-  fs::create_directories(dir / "tracefs");
-  fs::copy(testing::KvmTestdata("tracefs-pvm-6.18/events"), dir / "tracefs/events",
-           fs::copy_options::recursive);
-  std::ofstream(dir / "tracefs/trace_clock") << "[local] global counter\n";
+  MakeTracefs(dir / "tracefs");
   // irq_handler_entry as Linux 6.18's tracefs gives it (events/irq/irq_handler_entry/format).
   fs::create_directories(dir / "tracefs/events/irq/irq_handler_entry");
   std::ofstream(dir / "tracefs/events/irq/irq_handler_entry/format")

@@ -31,8 +31,8 @@
 //   open             KvmInput::Open: the layout checked, the formats parsed (in a child
 //                    first); the same for every reader, left out of the next rows
 //   floor            TraceCmdDat::LoadPagesOnly: every chunk decompressed, one thread
-//   report, 1 thread the in-process report (KvmPairer + KvmAggregator fed by the reader, as
-//                    `kvm report` runs them), fast path, EXITSCOPE_DAT_THREADS=1
+//   report, 1 thread the in-process report (KvmPairer, then KvmAggregator and DiagnosisBuilder
+//                    on a tee, as `kvm report` runs them), fast path, EXITSCOPE_DAT_THREADS=1
 //   report, checked  the same through the checked path (kbuffer) only
 //   report           the same with the default threads (one decompressing thread per
 //                    compressed CPU stream on several cores, from 8 MiB of decompressed CPU
@@ -45,6 +45,7 @@
 // times ... derived data, not a new recording": records, size, version, compression); the
 // rows and ratios are those of any capture, and the records read must be those the tiled
 // pages hold (else a MISMATCH line, exit 1).
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -64,6 +65,7 @@
 
 #include <fmt/format.h>
 
+#include "analysis/diagnosis.h"
 #include "analysis/kvm_stats.h"
 #include "sources/kvm_input.h"
 #include "sources/kvm_pairing.h"
@@ -93,6 +95,14 @@ double TimeCommand(const std::string& cmd) {
   return st == 0 ? Seconds(t0, t1) : -1;
 }
 
+// Page faults of this process so far (every thread): each costs microseconds in a guest whose
+// page tables the hypervisor checks (6-12 us in the kvm-pvm guests here, docs/trace-files.md).
+uint64_t MinorFaults() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<uint64_t>(u.ru_minflt);
+}
+
 bool Have(const char* tool) {
   return std::system(fmt::format("command -v {} >/dev/null 2>&1", tool).c_str()) == 0;
 }
@@ -117,19 +127,29 @@ std::string LargestCommittedDat() {
   std::exit(1);
 }
 
-// The in-process report, as `kvm report` runs it: KvmInput (which opens the .dat), KvmPairer,
-// KvmAggregator; timed from after the open (see the open row) to the aggregated result.
+// The in-process report, as `kvm report` runs it (cli/report_pipeline.cc): KvmInput (which
+// opens the .dat), KvmPairer, and the KvmAggregator and DiagnosisBuilder on one tee; timed from
+// after the open (see the open row) to the aggregated result and its diagnosis, the rendering
+// of the text left out.
 // `threads` and `fast` through the reader's environment overrides.
-double Report(const std::string& dat, int threads, bool fast, uint64_t* records, int* used) {
+double Report(const std::string& dat, int threads, bool fast, uint64_t* records, int* used,
+              uint64_t* faults = nullptr) {
   ::setenv("EXITSCOPE_DAT_THREADS", std::to_string(threads).c_str(), 1);
   ::setenv("EXITSCOPE_DAT_FAST", fast ? "1" : "0", 1);
   auto in = exitscope::sources::KvmInput::Open(dat, {});
   if (!in) Die(in.error().message);
+  const uint64_t f0 = MinorFaults();
   const auto t0 = Clock::now();
   exitscope::analysis::KvmAggregator agg({});
-  exitscope::sources::KvmPairer pairer({.clock = (*in)->scale()}, &agg);
-  if (auto s = (*in)->ReadAll(&pairer); !s) Die(s.error().message);
+  exitscope::analysis::DiagnosisBuilder diag(exitscope::analysis::KvmDiagnosisOptions(agg));
+  exitscope::TeeSink tee({&agg, &diag});
+  exitscope::sources::KvmPairer pairer({.clock = (*in)->scale()}, &tee);
+  if (auto s = (*in)->ReadAll(&pairer); !s) Die(s.error().message);  // ends with Finish()
+  agg.Finish();
+  const exitscope::analysis::Diagnosis diagnosis = diag.Finish();
   const double t = Seconds(t0, Clock::now());
+  if (faults != nullptr) *faults = MinorFaults() - f0;
+  if (diagnosis.exits == 0) Die("the report counted no exits");
   *records = (*in)->records_read();
   *used = (*in)->read_threads();
   ::unsetenv("EXITSCOPE_DAT_THREADS");
@@ -433,6 +453,7 @@ int main(int argc, char** argv) {
   uint64_t pages = 0, sum = 0;
   uint64_t records = 0;
   int used = 0, forced_used = 0;
+  uint64_t f_floor = 0, f_one = 0, f_auto = 0;  // page faults, last round
   double t_open = 1e300, t_floor = 1e300, t_one = 1e300, t_checked = 1e300, t_auto = 1e300,
          t_forced = 1e300;
   for (int round = 0; round < runs; ++round) {
@@ -440,12 +461,14 @@ int main(int argc, char** argv) {
     auto d = exitscope::sources::KvmInput::Open(capture, {});
     if (!d) Die(d.error().message);
     t_open = std::min(t_open, Seconds(t0, Clock::now()));
+    const uint64_t f0 = MinorFaults();
     t0 = Clock::now();
     if (auto s = (*dat)->LoadPagesOnly(&pages, &sum); !s) Die(s.error().message);
     t_floor = std::min(t_floor, Seconds(t0, Clock::now()));
-    t_one = std::min(t_one, Report(capture, 1, true, &records, &used));
+    f_floor = MinorFaults() - f0;
+    t_one = std::min(t_one, Report(capture, 1, true, &records, &used, &f_one));
     t_checked = std::min(t_checked, Report(capture, 1, false, &records, &used));
-    t_auto = std::min(t_auto, Report(capture, 0, true, &records, &used));
+    t_auto = std::min(t_auto, Report(capture, 0, true, &records, &used, &f_auto));
     t_forced = std::min(t_forced, Report(capture, 2, true, &records, &forced_used));
   }
   const auto row = [&](const char* what, double t, const std::string& note) {
@@ -456,10 +479,13 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(records), static_cast<unsigned long long>(pages),
               static_cast<unsigned long long>(sum));
   row("open (layout, formats in a child)", t_open, "KvmInput::Open, not in the rows below");
-  row("floor: load pages (decompress)", t_floor, "one thread");
-  row("report, fast path, 1 thread", t_one, "in process: read, decode, pair, aggregate");
+  row("floor: load pages (decompress)", t_floor,
+      fmt::format("one thread; {} page faults", f_floor));
+  row("report, fast path, 1 thread", t_one,
+      fmt::format("in process: read, decode, pair, aggregate, diagnose; {} page faults", f_one));
   row("report, checked path, 1 thread", t_checked, "every page through kbuffer");
-  row("report, fast path, default", t_auto, fmt::format("{} reading thread(s)", used));
+  row("report, fast path, default", t_auto,
+      fmt::format("{} reading thread(s); {} page faults", used, f_auto));
   row("report, fast path, threads forced", t_forced,
       fmt::format("{} reading thread(s): one per compressed CPU stream", forced_used));
 

@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "analysis/exit_table.h"
+#include "base/text.h"
 
 namespace exitscope::analysis {
 namespace {
@@ -124,11 +125,12 @@ DiagnosisEvidence StackEvidence(const ThreadStack& st) {
 
 DiagnosisBuilder::DiagnosisBuilder(DiagnosisOptions options) : options_(std::move(options)) {}
 
-size_t DiagnosisBuilder::GroupOf(const std::string& cause, bool slow, bool open, bool in_kernel,
+size_t DiagnosisBuilder::GroupOf(std::string_view cause, bool slow, bool open, bool in_kernel,
                                  bool idle) {
   const uint8_t bits = (slow ? 1 : 0) | (open ? 2 : 0) | (in_kernel ? 4 : 0);
   for (const TextMemo& m : text_memos_) {
-    if (m.group != SIZE_MAX && m.bits == bits && m.cause == cause) return m.group;
+    if (m.group != SIZE_MAX && m.bits == bits && base::SameShortText(m.cause, cause))
+      return m.group;
   }
   const size_t gi = IndexGroup(cause, slow, open, in_kernel, idle);
   TextMemo& m = text_memos_[next_text_memo_];
@@ -139,20 +141,19 @@ size_t DiagnosisBuilder::GroupOf(const std::string& cause, bool slow, bool open,
   return gi;
 }
 
-size_t DiagnosisBuilder::IndexGroup(const std::string& cause, bool slow, bool open, bool in_kernel,
+size_t DiagnosisBuilder::IndexGroup(std::string_view cause, bool slow, bool open, bool in_kernel,
                                     bool idle) {
   scratch_ = cause;
   scratch_ += '\0';
   scratch_ += static_cast<char>('0' + (slow ? 1 : 0) + (open ? 2 : 0) + (in_kernel ? 4 : 0));
   auto [it, added] = group_index_.try_emplace(scratch_, groups_.size());
   if (added) {
-    Group g;
+    Group& g = groups_.emplace_back();
     g.out.cause = cause;
     g.out.slow = slow;
     g.out.open = open;
     g.out.in_kernel = in_kernel;
     g.out.idle = idle;
-    groups_.push_back(std::move(g));
   }
   return it->second;
 }
@@ -174,7 +175,7 @@ void DiagnosisBuilder::OnExit(const ExitEvent& e) {
   const bool idle = IsIdle(e);
   const bool slow = !idle && options_.slow.IsSlow(e);
   const bool in_kernel = e.side == Side::kKernel && !e.userspace;
-  std::string cause;
+  std::string& cause = cause_;
   if (options_.key) {
     if (!options_.key(e, &cause)) return;
   } else {

@@ -41,6 +41,7 @@
 
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <string>
@@ -168,8 +169,8 @@ class DiagnosisBuilder final : public EventSink {
   };
   // The group of a cause text and flags: remembered for the last few (exits come in runs
   // of a few causes), else IndexGroup.
-  size_t GroupOf(const std::string& cause, bool slow, bool open, bool in_kernel, bool idle);
-  size_t IndexGroup(const std::string& cause, bool slow, bool open, bool in_kernel, bool idle);
+  size_t GroupOf(std::string_view cause, bool slow, bool open, bool in_kernel, bool idle);
+  size_t IndexGroup(std::string_view cause, bool slow, bool open, bool in_kernel, bool idle);
   struct TextMemo {
     std::string cause;
     uint8_t bits = 0;
@@ -182,7 +183,8 @@ class DiagnosisBuilder final : public EventSink {
   DiagnosisVcpu& Vcpu(uint32_t vm, uint32_t vcpu);
 
   DiagnosisOptions options_;
-  std::vector<Group> groups_;
+  // A deque: a Group holds a histogram of 30 KB, which a vector would move at every growth.
+  std::deque<Group> groups_;
   std::map<std::string, size_t> group_index_;
   std::map<std::pair<uint32_t, uint32_t>, DiagnosisVcpu> vcpus_;
   std::vector<KeptSlow> kept_;
@@ -196,6 +198,7 @@ class DiagnosisBuilder final : public EventSink {
   uint64_t exits_ = 0, slow_ = 0, open_ = 0;
   bool samples_ = false;
   std::string scratch_;
+  std::string cause_;  // OnExit's cause text, kept to reuse its bytes
 };
 
 // The cause an exit is grouped under without a key function: TargetName + direction for an

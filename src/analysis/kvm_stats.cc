@@ -255,4 +255,12 @@ void KvmAggregator::Finish() {
   std::sort(analysis_.per_vcpu.begin(), analysis_.per_vcpu.end(), by_scope);
 }
 
+DiagnosisOptions KvmDiagnosisOptions(const KvmAggregator& agg) {
+  DiagnosisOptions o;
+  o.slow = agg.slow_rule();
+  if (!o.slow.enabled()) o.slow.threshold_ns = kDiagnosisSlowNs;
+  o.key = [&agg](const ExitEvent& e, std::string* key) { return agg.RowKeyText(e, key); };
+  return o;
+}
+
 }  // namespace exitscope::analysis

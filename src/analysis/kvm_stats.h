@@ -41,6 +41,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "analysis/diagnosis.h"
 #include "analysis/exit_table.h"
 #include "analysis/kept_event.h"
 #include "base/histogram.h"
@@ -155,5 +156,14 @@ class KvmAggregator final : public EventSink {
   std::map<int64_t, std::unique_ptr<ExitGrouper>> vm_groups_;
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<ExitGrouper>> vcpu_groups_;
 };
+
+// What the diagnosis calls slow where the command sets no threshold (--duration): 20 ms, the
+// recorder's default and what guests start to notice.
+inline constexpr uint64_t kDiagnosisSlowNs = 20'000'000;
+
+// The diagnosis of a kvm analysis, as `kvm report` and `kvm stat` build it beside `agg`:
+// grouped under the rows' keys (agg.RowKeyText: its filters too), slow by agg.slow_rule() or
+// else kDiagnosisSlowNs. `agg` must outlive the options.
+DiagnosisOptions KvmDiagnosisOptions(const KvmAggregator& agg);
 
 }  // namespace exitscope::analysis

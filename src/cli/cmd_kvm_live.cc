@@ -171,7 +171,7 @@ int KvmLiveMain(int argc, char** argv) {
 
   int refresh = 0;
   Status failure;
-  analysis::DiagnosisBuilder diag(KvmDiagnosisOptions(agg));
+  analysis::DiagnosisBuilder diag(analysis::KvmDiagnosisOptions(agg));
   TeeSink tee({metrics ? static_cast<EventSink*>(metrics.get()) : &agg, &diag});
   auto render = [&](bool final_one) {
     agg.Finish();
@@ -243,7 +243,7 @@ int KvmLiveMain(int argc, char** argv) {
     std::fflush(stdout);
     if (!cumulative) {
       agg.Reset();
-      diag = analysis::DiagnosisBuilder(KvmDiagnosisOptions(agg));
+      diag = analysis::DiagnosisBuilder(analysis::KvmDiagnosisOptions(agg));
     }
   };
 

@@ -210,7 +210,7 @@ int RunBpf(StatRun& run, sources::bpf::BpfKvmStat& bpf) {
   const auto began = std::chrono::steady_clock::now();
   auto print = [&](const sources::bpf::BpfKvmSnapshot& snap, bool final_one) -> Status {
     bo.final = final_one;
-    analysis::DiagnosisBuilder diag(KvmDiagnosisOptions(keys));
+    analysis::DiagnosisBuilder diag(analysis::KvmDiagnosisOptions(keys));
     bo.also = &diag;
     analysis::BpfKvmRows rows = analysis::BuildBpfKvmRows(snap, bo);
     ctx.pairing = &rows.pairing;
@@ -363,7 +363,7 @@ int RunTracefs(StatRun& run) {
   ctx.pid = run.flags.pid;
   ctx.vcpu = run.flags.vcpu;
   int refresh = 0;
-  analysis::DiagnosisBuilder diag(KvmDiagnosisOptions(agg));
+  analysis::DiagnosisBuilder diag(analysis::KvmDiagnosisOptions(agg));
   TeeSink tee({metrics ? static_cast<EventSink*>(metrics.get()) : &agg, &diag});
   auto print = [&](bool final_one) {
     agg.Finish();

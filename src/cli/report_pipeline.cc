@@ -30,15 +30,6 @@ const report::Renderer* PickRenderer(const char* self, const std::string& format
   return *r;
 }
 
-analysis::DiagnosisOptions KvmDiagnosisOptions(const analysis::KvmAggregator& agg) {
-  analysis::DiagnosisOptions o;
-  o.slow = agg.slow_rule();
-  // Without --duration the diagnosis still tells slow from ordinary: kDiagnosisSlowNs.
-  if (!o.slow.enabled()) o.slow.threshold_ns = kDiagnosisSlowNs;
-  o.key = [&agg](const ExitEvent& e, std::string* key) { return agg.RowKeyText(e, key); };
-  return o;
-}
-
 report::DiagnosisTextOptions KvmDiagnosisText(const analysis::KvmAggregator& agg, bool dump) {
   report::DiagnosisTextOptions t;
   const uint64_t slow = agg.options().slow_ns;
@@ -46,7 +37,7 @@ report::DiagnosisTextOptions KvmDiagnosisText(const analysis::KvmAggregator& agg
                           : fmt::format(
                                 "at least {} (the diagnosis's default; --duration USEC "
                                 "sets it and lists them)",
-                                report::FormatDuration(kDiagnosisSlowNs));
+                                report::FormatDuration(analysis::kDiagnosisSlowNs));
   t.lost_meaning = dump ? "time inside exits as the VMM timed them, HLT apart (idle)"
                         : "the kernel's time of each exit, exit to guest entry, HLT apart (idle)";
   t.next_hint = slow != 0 ? "the slow exits one by one: --format json (slow_exits)" : "";
@@ -74,7 +65,7 @@ int RenderKvmReport(KvmReportRun& run, sources::Source& src) {
       agg.slow_rule(), [&agg](const ExitEvent& e) { return agg.Counts(e); },
       /*group_targets=*/true);
   // The diagnosis counts the exits the tables count, under the tables' keys and slow rule.
-  analysis::DiagnosisBuilder diag(KvmDiagnosisOptions(agg));
+  analysis::DiagnosisBuilder diag(analysis::KvmDiagnosisOptions(agg));
   TeeSink tee({&agg, &exits, &diag});
   TeeSink tee_text({&agg, &diag});
   const bool html = format == "html";

@@ -33,13 +33,8 @@ struct KvmReportRun {
 const report::Renderer* PickRenderer(const char* self, const std::string& format, report::Need need,
                                      const std::string& output, int* status);
 
-// What the diagnosis calls slow where the command sets no threshold (--duration): 20 ms, the
-// recorder's default and what guests start to notice.
-inline constexpr uint64_t kDiagnosisSlowNs = 20'000'000;
-
-// The diagnosis of a kvm analysis: grouped under the rows' keys (agg.RowKeyText: its filters
-// too), slow by agg.slow_rule(); and its words (`dump`: the source is a recorder dump).
-analysis::DiagnosisOptions KvmDiagnosisOptions(const analysis::KvmAggregator& agg);
+// The words of a kvm analysis's diagnosis (analysis::KvmDiagnosisOptions groups it; `dump`:
+// the source is a recorder dump).
 report::DiagnosisTextOptions KvmDiagnosisText(const analysis::KvmAggregator& agg, bool dump);
 
 // Runs `src` into the kvm analysis and renders it. Slow exits (analysis.slow_ns) are printed

@@ -345,7 +345,10 @@ void KvmPairer::StartUserExit(Thread& t, const KvmRecord& r) {
   };
   int own = -1;
   t.hold_next = Hold::kNone;
-  if (name == "IO") {
+  // KVM_EXIT_* of the exit (the numbers of UserspaceExitName's table), none for an error.
+  constexpr uint32_t kExitIo = 2, kExitHypercall = 3, kExitMmio = 6;
+  const uint32_t code = r.err < 0 ? UINT32_MAX : r.reason;
+  if (code == kExitIo) {
     if (t.insn_dir == AccessDir::kRead) {
       t.hold_next = Hold::kPioRead;
     } else {
@@ -359,12 +362,12 @@ void KvmPairer::StartUserExit(Thread& t, const KvmRecord& r) {
         t.candidate = t.window[static_cast<size_t>(own)];
       }
     }
-  } else if (name == "MMIO") {
+  } else if (code == kExitMmio) {
     own = last_of([](const Access& a) {
       return a.kind == SubKeyKind::kMmio && (a.dir == AccessDir::kWrite || a.unsatisfied);
     });
     if (own >= 0 && t.window[static_cast<size_t>(own)].unsatisfied) t.hold_next = Hold::kMmioRead;
-  } else if (name == "HYPERCALL") {
+  } else if (code == kExitHypercall) {
     own = last_of([](const Access& a) { return a.kind == SubKeyKind::kHypercall; });
   }
   for (size_t i = 0; i < t.window.size(); ++i) {
@@ -474,8 +477,7 @@ void KvmPairer::FlushHeld(Thread& t) {
   Emit(h, false);
 }
 
-void KvmPairer::Emit(const ExitEvent& e_in, bool kernel) {
-  ExitEvent e = e_in;
+void KvmPairer::Emit(ExitEvent& e, bool kernel) {
   Resolve(&e);
   ++stats_.exits;
   if (e.end == ExitEnd::kOpenAtEnd) {

@@ -227,7 +227,8 @@ class KvmPairer {
   void EndExit(Thread& t, uint64_t end_ts);
   // The held exit and `r`: true when `r` completed it (and was consumed).
   bool ResolveHeld(Thread& t, const KvmRecord& r);
-  void Emit(const ExitEvent& e, bool kernel);
+  // Hands `e` (the thread's exit, done with) to the sink, its device resolved in place.
+  void Emit(ExitEvent& e, bool kernel);
   void EmitAccess(Thread& t, const Access& a);
   void EmitWindowAsKernel(Thread& t);
   void ClearWindow(Thread& t, bool count_outside);

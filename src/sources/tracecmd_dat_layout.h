@@ -25,7 +25,9 @@ namespace exitscope::sources {
 // Memory for a decompressed section, mapped with its pages populated at once: a capture's
 // event formats section is about 2 MB, and faulting its pages in one by one cost 4-6 ms of a
 // 100 ms report on the kvm-pvm guests these run on (a fault is a trip through the
-// hypervisor there). Empty when the mapping failed.
+// hypervisor there). From 1 MiB on, in transparent huge pages where the kernel offers them
+// (populated 2 MB: 3.0-3.4 ms in 4 KiB pages, 0.15-0.3 ms in one huge page). Empty when the
+// mapping failed.
 class PopulatedBytes {
  public:
   explicit PopulatedBytes(size_t n);
@@ -38,6 +40,7 @@ class PopulatedBytes {
  private:
   uint8_t* p_ = nullptr;
   size_t n_ = 0;
+  size_t mapped_ = 0;
 };
 
 // The parsed file: where everything is, checked against the file size.

@@ -295,5 +295,19 @@ TEST_F(KvmDecodeTest, DecodedVmxRecordsPair) {
   EXPECT_EQ(pairer.stats().kernel_exits, 1u);
 }
 
+// The open asks this of every format of a capture (about 2400): only the events the decoder
+// reads, by system and name, go to libtraceevent.
+TEST(KvmDecoderReadsTest, OnlyTheKvmEventsItDecodesAndSchedSwitch) {
+  EXPECT_TRUE(KvmDecoderReads("kvm", "kvm_exit"));
+  EXPECT_TRUE(KvmDecoderReads("kvm", "kvm_userspace_exit"));
+  EXPECT_TRUE(KvmDecoderReads("sched", "sched_switch"));
+  EXPECT_FALSE(KvmDecoderReads("kvmmmu", "kvm_exit"));  // a name of the wrong system
+  EXPECT_FALSE(KvmDecoderReads("sched", "kvm_exit"));
+  EXPECT_FALSE(KvmDecoderReads("kvm", "sched_switch"));
+  EXPECT_FALSE(KvmDecoderReads("kvm", "kvm_set_irq"));  // a kvm event it does not decode
+  EXPECT_FALSE(KvmDecoderReads("xfs", "xfs_log_force"));
+  EXPECT_FALSE(KvmDecoderReads("", ""));
+}
+
 }  // namespace
 }  // namespace exitscope::sources

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "sources/kvm_input.h"
+#include "sources/tracecmd_dat_layout.h"
 #include "sources/trace_text.h"
 
 namespace exitscope::sources {
@@ -315,6 +316,29 @@ TEST_F(CorruptDatTest, CorruptCpuDataIsRefused) {
   }
   ASSERT_FALSE(s.has_value());
   EXPECT_NE(s.error().message.find(path), std::string::npos);
+}
+
+// A decompressed section's memory: every byte usable at every size; from 1 MiB on in 2 MiB
+// aligned mappings, which transparent huge pages can back (tracecmd_dat_layout.h).
+TEST(DatSections, PopulatedBytesHoldsEveryByteInSmallAndLargeMappings) {
+  for (const size_t n : {size_t{1}, size_t{4096}, size_t{100000}, (size_t{1} << 20) - 1,
+                         size_t{1} << 20, size_t{2012676}, (size_t{2} << 20) + 1,
+                         size_t{5} << 20}) {
+    SCOPED_TRACE(n);
+    PopulatedBytes b(n);
+    ASSERT_NE(b.data(), nullptr);
+    EXPECT_EQ(b.size(), n);
+    for (size_t i = 0; i < n; ++i) b.data()[i] = static_cast<uint8_t>(i * 7 + 1);
+    size_t wrong = 0;
+    for (size_t i = 0; i < n; ++i) wrong += b.data()[i] != static_cast<uint8_t>(i * 7 + 1);
+    EXPECT_EQ(wrong, 0u);
+    if (n >= (size_t{1} << 20)) {
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % (size_t{2} << 20), 0u);
+    }
+  }
+  PopulatedBytes none(0);
+  EXPECT_EQ(none.data(), nullptr);
+  EXPECT_EQ(none.size(), 0u);
 }
 
 }  // namespace

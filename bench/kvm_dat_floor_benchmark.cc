@@ -39,7 +39,8 @@
 //                    data), then with them forced
 //   kvm report CLI   the exitscope binary, output discarded
 //   trace-cmd report, perf script (when they can run)
-// and the ratios: report / floor (issue 27 asks for <= 2) and trace-cmd report / kvm report
+// The floor, one-thread and default rows add the page faults of their last round (MinorFaults).
+// Then the ratios: report / floor (issue 27 asks for <= 2) and trace-cmd report / kvm report
 // (asks for >= 25 on a >= 1 M-event zstd capture).
 // With --tile, a first line says what was built ("tiled capture: ...'s CPU data repeated N
 // times ... derived data, not a new recording": records, size, version, compression); the

@@ -178,8 +178,10 @@ class LayoutParser {
     if (systems > b.left() / 5) return Bad(b.offset(), fmt::format("{} event systems", systems));
     // A host saves about 2400 formats of 500-1000 bytes: room for them at once rather than by
     // doubling (each doubling moves them all and faults in new pages). Pages reserved and not
-    // used are never touched.
-    L_->formats.reserve(L_->formats.size() + b.left() / 512);
+    // used are never touched; the cap keeps a version 6 file, whose formats are followed by
+    // the rest of the file, from reserving for its CPU data.
+    L_->formats.reserve(L_->formats.size() +
+                        static_cast<size_t>(std::min<uint64_t>(b.left() / 512, 1 << 16)));
     for (uint64_t s = 0; s < systems; ++s) {
       std::string_view name;
       uint64_t n = 0;

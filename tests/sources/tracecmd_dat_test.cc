@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "sources/kvm_input.h"
-#include "sources/tracecmd_dat_layout.h"
 #include "sources/trace_text.h"
+#include "sources/tracecmd_dat_layout.h"
 
 namespace exitscope::sources {
 namespace {
@@ -321,9 +321,9 @@ TEST_F(CorruptDatTest, CorruptCpuDataIsRefused) {
 // A decompressed section's memory: every byte usable at every size; from 1 MiB on in 2 MiB
 // aligned mappings, which transparent huge pages can back (tracecmd_dat_layout.h).
 TEST(DatSections, PopulatedBytesHoldsEveryByteInSmallAndLargeMappings) {
-  for (const size_t n : {size_t{1}, size_t{4096}, size_t{100000}, (size_t{1} << 20) - 1,
-                         size_t{1} << 20, size_t{2012676}, (size_t{2} << 20) + 1,
-                         size_t{5} << 20}) {
+  for (const size_t n :
+       {size_t{1}, size_t{4096}, size_t{100000}, (size_t{1} << 20) - 1, size_t{1} << 20,
+        size_t{2012676}, (size_t{2} << 20) + 1, size_t{5} << 20}) {
     SCOPED_TRACE(n);
     PopulatedBytes b(n);
     ASSERT_NE(b.data(), nullptr);

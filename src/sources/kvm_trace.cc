@@ -73,8 +73,9 @@ KvmEventType KvmEventFromName(std::string_view name) noexcept {
 
 bool KvmDecoderReads(std::string_view system, std::string_view name) noexcept {
   // A capture holds every format of its host: most are of other systems, told apart here
-  // without looking at their names.
-  if (system != "kvm" && system != "sched") return false;
+  // without looking at their names (SystemOf gives the two systems read).
+  if (system != SystemOf(KvmEventType::kExit) && system != SystemOf(KvmEventType::kSchedSwitch))
+    return false;
   for (const EventSpec& spec : kSpecs) {
     if (KvmEventName(spec.type) == name && system == SystemOf(spec.type)) return true;
   }

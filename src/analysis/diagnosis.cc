@@ -175,11 +175,12 @@ void DiagnosisBuilder::OnExit(const ExitEvent& e) {
   const bool idle = IsIdle(e);
   const bool slow = !idle && options_.slow.IsSlow(e);
   const bool in_kernel = e.side == Side::kKernel && !e.userspace;
-  std::string& cause = cause_;
+  std::string_view cause;
   if (options_.key) {
     if (!options_.key(e, &cause)) return;
   } else {
-    cause = DiagnosisCause(e);
+    cause_ = DiagnosisCause(e);
+    cause = cause_;
   }
   const size_t gi = GroupOf(cause, slow, open, in_kernel, idle);
   // A dump's open exit carries its time so far; a trace's carries none.
@@ -263,11 +264,12 @@ void DiagnosisBuilder::OnFinding(const Finding& f) {
 
 void DiagnosisBuilder::OnSamples(const ExitEvent& e, const SampleBatch& b) {
   if (e.kernel_access) return;
-  std::string cause;
+  std::string_view cause;
   if (options_.key) {
     if (!options_.key(e, &cause)) return;
   } else {
-    cause = DiagnosisCause(e);
+    cause_ = DiagnosisCause(e);
+    cause = cause_;
   }
   samples_ = true;
   const bool idle = IsIdle(e);

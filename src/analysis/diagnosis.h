@@ -116,10 +116,11 @@ struct Diagnosis {
 
 struct DiagnosisOptions {
   SlowRule slow;  // the report's rule (a dump: kDumpSlowRule; kvm: --slow / --duration)
-  // The cause of an exit: the report row key it is counted under; false leaves the exit out
-  // (the report's filters). Null: TargetName + direction for exits with a port or address
+  // The cause of an exit: the report row key it is counted under, in *key (a view that must
+  // stay valid until the next call; the builder copies what it keeps); false leaves the exit
+  // out (the report's filters). Null: TargetName + direction for exits with a port or address
   // ("nvme0.SQ1TDBL write"), the reason for the others ("HLT").
-  std::function<bool(const ExitEvent&, std::string*)> key;
+  std::function<bool(const ExitEvent&, std::string_view*)> key;
 };
 
 class DiagnosisBuilder final : public EventSink {
@@ -198,7 +199,7 @@ class DiagnosisBuilder final : public EventSink {
   uint64_t exits_ = 0, slow_ = 0, open_ = 0;
   bool samples_ = false;
   std::string scratch_;
-  std::string cause_;  // OnExit's cause text, kept to reuse its bytes
+  std::string cause_;  // the cause text when there is no key function, kept to reuse its bytes
 };
 
 // The cause an exit is grouped under without a key function: TargetName + direction for an

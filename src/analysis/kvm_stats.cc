@@ -200,6 +200,13 @@ bool KvmAggregator::Admit(const ExitEvent& e, RowKey* key, uint64_t n) {
 }
 
 bool KvmAggregator::RowKeyText(const ExitEvent& e, std::string* text) const {
+  std::string_view view;
+  if (!RowKeyView(e, &view)) return false;
+  text->assign(view);
+  return true;
+}
+
+bool KvmAggregator::RowKeyView(const ExitEvent& e, std::string_view* text) const {
   if (last_.row != nullptr && last_.event == &e && last_.start_ns == e.start_ns &&
       last_.tid == e.tid) {
     *text = last_.row->key;
@@ -210,7 +217,8 @@ bool KvmAggregator::RowKeyText(const ExitEvent& e, std::string* text) const {
   if (const ExitRow* row = all_->Find(key)) {  // its text, without formatting it again
     *text = row->key;
   } else {
-    *text = KeyText(key);
+    key_text_ = KeyText(key);
+    *text = key_text_;
   }
   return true;
 }
@@ -259,7 +267,7 @@ DiagnosisOptions KvmDiagnosisOptions(const KvmAggregator& agg) {
   DiagnosisOptions o;
   o.slow = agg.slow_rule();
   if (!o.slow.enabled()) o.slow.threshold_ns = kDiagnosisSlowNs;
-  o.key = [&agg](const ExitEvent& e, std::string* key) { return agg.RowKeyText(e, key); };
+  o.key = [&agg](const ExitEvent& e, std::string_view* key) { return agg.RowKeyView(e, key); };
   return o;
 }
 

@@ -110,6 +110,9 @@ class KvmAggregator final : public EventSink {
   // The printed key of the row `e` belongs to; false when the class or the filters leave it
   // out. Counts nothing (an exit still in flight, shown beside a refresh).
   bool RowKeyText(const ExitEvent& e, std::string* text) const;
+  // The same as a view, valid until the next call or the next exit counted: the row's own
+  // text when the row exists (no copy: the diagnosis asks this for every exit).
+  bool RowKeyView(const ExitEvent& e, std::string_view* text) const;
   // Sorts the breakdowns; call once the source is done (idempotent).
   void Finish();
   const KvmAnalysis& analysis() const noexcept { return analysis_; }
@@ -153,6 +156,7 @@ class KvmAggregator final : public EventSink {
     const ExitRow* row = nullptr;
   };
   LastExit last_;
+  mutable std::string key_text_;  // RowKeyView's text of a key that has no row yet
   std::map<int64_t, std::unique_ptr<ExitGrouper>> vm_groups_;
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<ExitGrouper>> vcpu_groups_;
 };

@@ -460,13 +460,14 @@ std::string RenderExitHealthTable(const Dump& dump, const ExitSummary& summary,
 analysis::DiagnosisOptions DumpDiagnosisOptions(const analysis::SummaryFilter& filter) {
   analysis::DiagnosisOptions o;
   o.slow = analysis::kDumpSlowRule;
-  o.key = [filter](const ExitEvent& e, std::string* key) {
+  o.key = [filter, text = std::string()](const ExitEvent& e, std::string_view* key) mutable {
     if (filter.vcpu && e.vcpu != *filter.vcpu) return false;
     // As the summary filters: "unassigned" is every exit without a device.
     if (filter.device &&
         (*filter.device == "unassigned" ? !e.device.empty() : e.device != *filter.device))
       return false;
-    *key = analysis::DiagnosisCause(e);
+    text = analysis::DiagnosisCause(e);
+    *key = text;
     return true;
   };
   return o;

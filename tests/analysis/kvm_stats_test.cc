@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace exitscope::analysis {
@@ -229,6 +230,36 @@ TEST(KvmStats, RowKeyTextOfTheLastExitAndOfAnotherInTheSameStorage) {
   e.start_ns = 3000;
   agg.OnExit(e);
   EXPECT_FALSE(agg.RowKeyText(e, &text));
+}
+
+// RowKeyView gives the row's own text where the row exists (no copy: the diagnosis asks for
+// every exit), the key formatted into the aggregator's own string where it does not yet.
+TEST(KvmStats, RowKeyViewIsTheRowsOwnTextOnceTheRowExists) {
+  KvmAggregator agg({.event = KvmEventClass::kIoport});
+  ExitEvent e = Port(0x3f8, AccessDir::kWrite, 100);
+  e.start_ns = 1000;
+  std::string_view first;
+  ASSERT_TRUE(agg.RowKeyView(e, &first));  // no row yet
+  EXPECT_EQ(first, "0x3f8:POUT");
+  agg.OnExit(e);
+  std::string_view last;
+  ASSERT_TRUE(agg.RowKeyView(e, &last));  // the exit just counted
+  EXPECT_EQ(last, "0x3f8:POUT");
+  ExitEvent again = Port(0x3f8, AccessDir::kWrite, 300);  // same key, other storage
+  again.start_ns = 4000;
+  std::string_view found;
+  ASSERT_TRUE(agg.RowKeyView(again, &found));  // found by its key
+  EXPECT_EQ(found.data(), last.data());       // both the row's own text
+  ExitEvent fresh = Port(0x3fd, AccessDir::kRead, 200);
+  std::string_view other;
+  ASSERT_TRUE(agg.RowKeyView(fresh, &other));
+  EXPECT_EQ(other, "0x3fd:PIN");
+  EXPECT_EQ(found, "0x3f8:POUT");  // a row's text outlives the next call
+  std::string text;
+  ASSERT_TRUE(agg.RowKeyText(fresh, &text));  // the same through the copying form
+  EXPECT_EQ(text, "0x3fd:PIN");
+  ExitEvent hlt = Exit("HLT", 5000);  // no row in the ioport class
+  EXPECT_FALSE(agg.RowKeyView(hlt, &other));
 }
 
 }  // namespace

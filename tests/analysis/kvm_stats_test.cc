@@ -249,7 +249,7 @@ TEST(KvmStats, RowKeyViewIsTheRowsOwnTextOnceTheRowExists) {
   again.start_ns = 4000;
   std::string_view found;
   ASSERT_TRUE(agg.RowKeyView(again, &found));  // found by its key
-  EXPECT_EQ(found.data(), last.data());       // both the row's own text
+  EXPECT_EQ(found.data(), last.data());        // both the row's own text
   ExitEvent fresh = Port(0x3fd, AccessDir::kRead, 200);
   std::string_view other;
   ASSERT_TRUE(agg.RowKeyView(fresh, &other));

@@ -146,7 +146,7 @@ class KvmAggregator final : public EventSink {
   SlowRule slow_rule_;
   KvmAnalysis analysis_;
   std::unique_ptr<ExitGrouper> all_;
-  // The exit OnExit counted last and its row of all_: RowKeyText of that same exit (the
+  // The exit OnExit counted last and its row of all_: RowKeyView of that same exit (the
   // diagnosis asks right after, on the same tee) takes the row's text without computing the
   // key again. `row` nullptr: none.
   struct LastExit {
@@ -166,7 +166,7 @@ class KvmAggregator final : public EventSink {
 inline constexpr uint64_t kDiagnosisSlowNs = 20'000'000;
 
 // The diagnosis of a kvm analysis, as `kvm report` and `kvm stat` build it beside `agg`:
-// grouped under the rows' keys (agg.RowKeyText: its filters too), slow by agg.slow_rule() or
+// grouped under the rows' keys (agg.RowKeyView: its filters too), slow by agg.slow_rule() or
 // else kDiagnosisSlowNs. `agg` must outlive the options.
 DiagnosisOptions KvmDiagnosisOptions(const KvmAggregator& agg);
 

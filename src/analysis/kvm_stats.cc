@@ -199,26 +199,37 @@ bool KvmAggregator::Admit(const ExitEvent& e, RowKey* key, uint64_t n) {
   return keep;
 }
 
+bool KvmAggregator::RowOf(const ExitEvent& e, const ExitRow** row, RowKey* key) const {
+  if (IsLastExit(e)) {
+    *row = last_.row;
+    return true;
+  }
+  if (!Keeps(e, key)) return false;
+  *row = all_->Find(*key);  // its text, without formatting it again
+  return true;
+}
+
 bool KvmAggregator::RowKeyText(const ExitEvent& e, std::string* text) const {
-  std::string_view view;
-  if (!RowKeyView(e, &view)) return false;
-  text->assign(view);
+  const ExitRow* row = nullptr;
+  RowKey key;
+  if (!RowOf(e, &row, &key)) return false;
+  *text = row != nullptr ? row->key : KeyText(key);
   return true;
 }
 
 bool KvmAggregator::RowKeyView(const ExitEvent& e, std::string_view* text) const {
-  if (last_.row != nullptr && last_.event == &e && last_.start_ns == e.start_ns &&
-      last_.tid == e.tid) {
+  if (IsLastExit(e)) {  // the diagnosis's case: asked right after OnExit counted it
     *text = last_.row->key;
     return true;
   }
+  const ExitRow* row = nullptr;
   RowKey key;
-  if (!Keeps(e, &key)) return false;
-  if (const ExitRow* row = all_->Find(key)) {  // its text, without formatting it again
-    *text = row->key;
-  } else {
+  if (!RowOf(e, &row, &key)) return false;
+  if (row == nullptr) {
     key_text_ = KeyText(key);
     *text = key_text_;
+  } else {
+    *text = row->key;
   }
   return true;
 }

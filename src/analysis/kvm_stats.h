@@ -110,8 +110,9 @@ class KvmAggregator final : public EventSink {
   // The printed key of the row `e` belongs to; false when the class or the filters leave it
   // out. Counts nothing (an exit still in flight, shown beside a refresh).
   bool RowKeyText(const ExitEvent& e, std::string* text) const;
-  // The same as a view, valid until the next call or the next exit counted: the row's own
-  // text when the row exists (no copy: the diagnosis asks this for every exit).
+  // The same as a view, valid until the next call of RowKeyView: the row's own text when the
+  // row exists (no copy: the diagnosis asks this for every exit), else a string of the
+  // aggregator's (so, unlike RowKeyText, not for concurrent callers).
   bool RowKeyView(const ExitEvent& e, std::string_view* text) const;
   // Sorts the breakdowns; call once the source is done (idempotent).
   void Finish();
@@ -157,6 +158,13 @@ class KvmAggregator final : public EventSink {
   };
   LastExit last_;
   mutable std::string key_text_;  // RowKeyView's text of a key that has no row yet
+  // The row of all_ `e` belongs to (the last exit counted, or found by its key; null when the
+  // key has no row yet, *key set then); false when the class or the filters leave it out.
+  bool RowOf(const ExitEvent& e, const ExitRow** row, RowKey* key) const;
+  bool IsLastExit(const ExitEvent& e) const noexcept {
+    return last_.row != nullptr && last_.event == &e && last_.start_ns == e.start_ns &&
+           last_.tid == e.tid;
+  }
   std::map<int64_t, std::unique_ptr<ExitGrouper>> vm_groups_;
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<ExitGrouper>> vcpu_groups_;
 };

@@ -169,6 +169,13 @@ DiagnosisVcpu& DiagnosisBuilder::Vcpu(uint32_t vm, uint32_t vcpu) {
   return v;
 }
 
+inline bool DiagnosisBuilder::CauseOf(const ExitEvent& e, std::string_view* cause) {
+  if (options_.key) return options_.key(e, cause);
+  cause_ = DiagnosisCause(e);
+  *cause = cause_;
+  return true;
+}
+
 void DiagnosisBuilder::OnExit(const ExitEvent& e) {
   if (e.kernel_access) return;  // an access handled in the kernel, not an exit (event.h)
   const bool open = e.end == ExitEnd::kOpenAtEnd;
@@ -176,12 +183,7 @@ void DiagnosisBuilder::OnExit(const ExitEvent& e) {
   const bool slow = !idle && options_.slow.IsSlow(e);
   const bool in_kernel = e.side == Side::kKernel && !e.userspace;
   std::string_view cause;
-  if (options_.key) {
-    if (!options_.key(e, &cause)) return;
-  } else {
-    cause_ = DiagnosisCause(e);
-    cause = cause_;
-  }
+  if (!CauseOf(e, &cause)) return;
   const size_t gi = GroupOf(cause, slow, open, in_kernel, idle);
   // A dump's open exit carries its time so far; a trace's carries none.
   const bool timed = e.end == ExitEnd::kSeen || (open && e.duration_ns != 0);
@@ -265,12 +267,7 @@ void DiagnosisBuilder::OnFinding(const Finding& f) {
 void DiagnosisBuilder::OnSamples(const ExitEvent& e, const SampleBatch& b) {
   if (e.kernel_access) return;
   std::string_view cause;
-  if (options_.key) {
-    if (!options_.key(e, &cause)) return;
-  } else {
-    cause_ = DiagnosisCause(e);
-    cause = cause_;
-  }
+  if (!CauseOf(e, &cause)) return;
   samples_ = true;
   const bool idle = IsIdle(e);
   const bool in_kernel = e.side == Side::kKernel && !e.userspace;

@@ -171,6 +171,9 @@ class DiagnosisBuilder final : public EventSink {
   // The group of a cause text and flags: remembered for the last few (exits come in runs
   // of a few causes), else IndexGroup.
   size_t GroupOf(std::string_view cause, bool slow, bool open, bool in_kernel, bool idle);
+  // The cause `e` is grouped under: options_.key's view, else DiagnosisCause kept in cause_;
+  // false when the key function leaves `e` out.
+  bool CauseOf(const ExitEvent& e, std::string_view* cause);
   size_t IndexGroup(std::string_view cause, bool slow, bool open, bool in_kernel, bool idle);
   struct TextMemo {
     std::string cause;

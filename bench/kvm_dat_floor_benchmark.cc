@@ -34,9 +34,11 @@
 //   report, 1 thread the in-process report (KvmPairer, then KvmAggregator and DiagnosisBuilder
 //                    on a tee, as `kvm report` runs them), fast path, EXITSCOPE_DAT_THREADS=1
 //   report, checked  the same through the checked path (kbuffer) only
-//   report           the same with the default threads (one decompressing thread per
-//                    compressed CPU stream on several cores, from 8 MiB of decompressed CPU
-//                    data), then with them forced
+//   report           the same with the default threads (on several cores, from 8 MiB of
+//                    decompressed CPU data: threads reading time segments, with how many
+//                    segments a thread read and the calling one took), then with one
+//                    decompressing thread per compressed CPU stream instead, forced
+//                    (EXITSCOPE_DAT_SEGMENT_CHUNKS=0)
 //   kvm report CLI   the exitscope binary, output discarded
 //   trace-cmd report, perf script (when they can run)
 // The floor, one-thread and default rows add the page faults of their last round (MinorFaults).
@@ -132,10 +134,14 @@ std::string LargestCommittedDat() {
 // opens the .dat), KvmPairer, and the KvmAggregator and DiagnosisBuilder on one tee; timed from
 // after the open (see the open row) to the aggregated result and its diagnosis, the rendering
 // of the text left out.
-// `threads` and `fast` through the reader's environment overrides.
+// `threads`, `fast` and segments (default, or none) through the reader's environment
+// overrides.
+std::string LastSegments;  // of the last in-process report read in time segments
+
 double Report(const std::string& dat, int threads, bool fast, uint64_t* records, int* used,
-              uint64_t* faults = nullptr) {
+              uint64_t* faults = nullptr, bool segments = true) {
   ::setenv("EXITSCOPE_DAT_THREADS", std::to_string(threads).c_str(), 1);
+  if (!segments) ::setenv("EXITSCOPE_DAT_SEGMENT_CHUNKS", "0", 1);
   ::setenv("EXITSCOPE_DAT_FAST", fast ? "1" : "0", 1);
   auto in = exitscope::sources::KvmInput::Open(dat, {});
   if (!in) Die(in.error().message);
@@ -153,7 +159,12 @@ double Report(const std::string& dat, int threads, bool fast, uint64_t* records,
   if (diagnosis.exits == 0) Die("the report counted no exits");
   *records = (*in)->records_read();
   *used = (*in)->read_threads();
+  if ((*in)->segments() > 0) {
+    LastSegments = fmt::format("; {} segments, {} read by a thread and taken", (*in)->segments(),
+                               (*in)->verified_segments());
+  }
   ::unsetenv("EXITSCOPE_DAT_THREADS");
+  ::unsetenv("EXITSCOPE_DAT_SEGMENT_CHUNKS");
   ::unsetenv("EXITSCOPE_DAT_FAST");
   return t;
 }
@@ -454,7 +465,7 @@ int main(int argc, char** argv) {
   uint64_t pages = 0, sum = 0;
   uint64_t records = 0;
   int used = 0, forced_used = 0;
-  uint64_t f_floor = 0, f_one = 0, f_auto = 0;  // page faults, last round
+  uint64_t f_floor = 0, f_one = 0, f_auto = 0, f_forced = 0;  // page faults, last round
   double t_open = 1e300, t_floor = 1e300, t_one = 1e300, t_checked = 1e300, t_auto = 1e300,
          t_forced = 1e300;
   for (int round = 0; round < runs; ++round) {
@@ -469,8 +480,10 @@ int main(int argc, char** argv) {
     f_floor = MinorFaults() - f0;
     t_one = std::min(t_one, Report(capture, 1, true, &records, &used, &f_one));
     t_checked = std::min(t_checked, Report(capture, 1, false, &records, &used));
+    LastSegments.clear();
     t_auto = std::min(t_auto, Report(capture, 0, true, &records, &used, &f_auto));
-    t_forced = std::min(t_forced, Report(capture, 2, true, &records, &forced_used));
+    t_forced =
+        std::min(t_forced, Report(capture, 2, true, &records, &forced_used, &f_forced, false));
   }
   const auto row = [&](const char* what, double t, const std::string& note) {
     std::printf("%-34s %9.4f s %12.0f events/s %6.2fx floor  %s\n", what, t,
@@ -486,9 +499,11 @@ int main(int argc, char** argv) {
       fmt::format("in process: read, decode, pair, aggregate, diagnose; {} page faults", f_one));
   row("report, checked path, 1 thread", t_checked, "every page through kbuffer");
   row("report, fast path, default", t_auto,
-      fmt::format("{} reading thread(s); {} page faults", used, f_auto));
-  row("report, fast path, threads forced", t_forced,
-      fmt::format("{} reading thread(s): one per compressed CPU stream", forced_used));
+      fmt::format("{} reading thread(s); {} page faults{}", used, f_auto, LastSegments));
+  row("report, decompressing threads", t_forced,
+      fmt::format("{} reading thread(s): one per compressed CPU stream, no segments; {} page "
+                  "faults",
+                  forced_used, f_forced));
 
   // The two whole processes in rounds too (see above).
   const bool have_cli = fs::exists(cli), have_tc = Have("trace-cmd");
@@ -526,8 +541,10 @@ int main(int argc, char** argv) {
         "perf script: no perf.data of the same kvm events (needs --record on a host with "
         "/dev/kvm), row left out\n");
   }
-  std::printf("ratio report/floor (in process, after open): %.2f with 1 thread, %.2f default\n",
-              t_one / t_floor, t_auto / t_floor);
+  std::printf(
+      "ratio report/floor (in process, after open): %.2f with 1 thread, %.2f default, %.2f "
+      "with decompressing threads\n",
+      t_one / t_floor, t_auto / t_floor, t_forced / t_floor);
   std::printf("ratio fast path/checked path, 1 thread: %.2fx faster\n", t_checked / t_one);
   if (t_tc > 0 && t_cli > 0) {
     std::printf("ratio trace-cmd report/exitscope kvm report (whole processes): %.1fx\n",

@@ -91,6 +91,8 @@ struct ExitEvent {
                               // kExitFlagSlow (reached the slow-exit threshold), kExitFlagStalled
                               // (the watchdog saw it stuck), kExitFlagNoEnd
   Side side = Side::kKernel;  // kVmm from a recorder dump (sources::DumpSource)
+  // Field by field, the strings by their text.
+  bool operator==(const ExitEvent&) const = default;
 };
 
 // Many samples of one exit key, aggregated before they reached userspace (the eBPF maps of

@@ -47,6 +47,10 @@ class KvmInput {
   bool used_mapped_reader() const noexcept { return dat_ && dat_->used_mapped_reader(); }
   // .dat only: threads the last ReadAll read the CPU streams with (else 1).
   int read_threads() const noexcept { return dat_ ? dat_->read_threads() : 1; }
+  // .dat only: time segments the last ReadAll cut, and how many a thread read and the
+  // calling one took (TraceCmdDat::segments).
+  uint64_t segments() const noexcept { return dat_ ? dat_->segments() : 0; }
+  uint64_t verified_segments() const noexcept { return dat_ ? dat_->verified_segments() : 0; }
 
  private:
   KvmInput() = default;

@@ -86,6 +86,219 @@ std::string_view AccessReason(SubKeyKind k) noexcept {
 
 KvmPairer::KvmPairer(KvmPairerOptions options, EventSink* sink) : options_(options), sink_(sink) {}
 
+KvmPairer KvmPairer::Fresh(const Numbering& numbering) const {
+  KvmPairer p(options_, nullptr);
+  p.tgid_of_ = tgid_of_;
+  p.next_vcpu_ = numbering.next_vcpu;
+  p.vcpu_of_tid_ = numbering.vcpu_of_tid;
+  return p;
+}
+
+bool KvmPairer::SameThread(const Thread& a, const Thread& b) const {
+  if (a.phase != b.phase || a.last_cpu != b.last_cpu || a.tid != b.tid || a.tgid != b.tgid ||
+      a.vcpu != b.vcpu || a.vcpu_index != b.vcpu_index || a.seen_entry != b.seen_entry ||
+      a.children != b.children || !(a.child == b.child) || a.window != b.window ||
+      a.window_fresh != b.window_fresh || a.last_rip != b.last_rip || a.insn_dir != b.insn_dir ||
+      a.hold_next != b.hold_next || a.held != b.held) {
+    return false;
+  }
+  // The exit being built, the held exit and the pio_write candidate are read only while
+  // their phase or hold lasts; each is set anew when one starts.
+  if (a.phase != Phase::kIdle &&
+      (a.exit_ts != b.exit_ts || a.ev_is_kernel != b.ev_is_kernel || !(a.ev == b.ev))) {
+    return false;
+  }
+  if (a.held != Hold::kNone && !(a.held_ev == b.held_ev)) return false;
+  const bool maybe = a.hold_next == Hold::kPioMaybe || a.held == Hold::kPioMaybe;
+  return !maybe || a.candidate == b.candidate;
+}
+
+void KvmPairer::Spec::OnExit(const ExitEvent& e) {
+  // Only what the pairer sets: the rest must be the defaults Unkept gives back.
+  if (kept.items.size() >= kMaxItems || e.device_offset != ExitEvent::kNoOffset ||
+      e.kind != ExitKind::kUnknown || e.flags != 0 || e.side != Side::kKernel) {
+    failed = true;
+    return;
+  }
+  // Strings by their place in memory (the pairer's interned texts, or static names): a memo
+  // by address first, then the table.
+  const auto str = [this](std::string_view v) -> uint16_t {
+    Memo& m = memo[(reinterpret_cast<uintptr_t>(v.data()) >> 3) % memo.size()];
+    if (m.text.data() == v.data() && m.text.size() == v.size() && m.index != kNoIndex) {
+      return m.index;
+    }
+    std::vector<std::string_view>& t = kept.strings;
+    size_t i = t.size();
+    while (i-- > 0 && !(t[i].data() == v.data() && t[i].size() == v.size())) {
+    }
+    if (i == SIZE_MAX) {
+      if (t.size() > UINT16_MAX) {
+        failed = true;
+        return 0;
+      }
+      t.push_back(v);
+      i = t.size() - 1;
+    }
+    m.text = v;
+    m.index = static_cast<uint16_t>(i);
+    return m.index;
+  };
+  KeptItem& k = kept.items.emplace_back();
+  k.start_ns = e.start_ns;
+  k.duration_ns = e.duration_ns;
+  k.subkey = e.subkey;
+  k.value = e.value;
+  k.guest_rip = e.guest_rip;
+  k.vcpu = e.vcpu;
+  k.vm = e.vm;
+  k.tid = e.tid;
+  k.reason = str(e.reason);
+  k.user_reason = str(e.user_reason);
+  k.device = str(e.device);
+  k.reg = str(e.reg);
+  k.size = e.size;
+  k.dir = static_cast<uint8_t>(e.dir);
+  k.isa = static_cast<uint8_t>(e.isa);
+  k.subkey_kind = static_cast<uint8_t>(e.subkey_kind);
+  k.end = static_cast<uint8_t>(e.end);
+  k.bits = static_cast<uint8_t>((e.userspace ? 1 : 0) | (e.failed_vmentry ? 2 : 0) |
+                                (e.kernel_access ? 4 : 0));
+  k.what = kKeptExit;
+}
+
+ExitEvent KvmPairer::Unkept(const KeptItem& k, const SpecBuffer& b) {
+  ExitEvent e;
+  e.start_ns = k.start_ns;
+  e.duration_ns = k.duration_ns;
+  e.subkey = k.subkey;
+  e.value = k.value;
+  e.guest_rip = k.guest_rip;
+  e.vcpu = k.vcpu;
+  e.vm = k.vm;
+  e.tid = k.tid;
+  e.reason = b.strings[k.reason];
+  e.user_reason = b.strings[k.user_reason];
+  e.device = b.strings[k.device];
+  e.reg = b.strings[k.reg];
+  e.size = k.size;
+  e.dir = static_cast<AccessDir>(k.dir);
+  e.isa = static_cast<Isa>(k.isa);
+  e.subkey_kind = static_cast<SubKeyKind>(k.subkey_kind);
+  e.end = static_cast<ExitEnd>(k.end);
+  e.userspace = (k.bits & 1) != 0;
+  e.failed_vmentry = (k.bits & 2) != 0;
+  e.kernel_access = (k.bits & 4) != 0;
+  return e;
+}
+
+void KvmPairer::Arm(SpecBuffer buffer) {
+  spec_ = std::make_unique<Spec>();
+  spec_->kept = std::move(buffer);
+  // One huge page (a segment's exits fit many times over).
+  if (spec_->kept.items.capacity() == 0) {
+    spec_->kept.items.reserve(base::kHugePage / sizeof(KeptItem));
+  }
+  spec_->kept.items.clear();
+  spec_->kept.records.clear();
+  spec_->kept.switches.clear();
+  spec_->kept.strings.clear();
+  spec_->at_arm = stats_;
+  sink_ = spec_.get();
+  for (auto& [tid, t] : threads_) {
+    // Numbered by the seed (or by its records' vcpu_id): its state is checked here; numbered
+    // here, its exits could not be numbered as the other pairer numbers them.
+    const bool seeded = !t.spec_tainted && (t.vcpu >= 0 || vcpu_of_tid_.contains(tid));
+    t.spec = seeded ? 0 : 2;
+    if (seeded) {
+      spec_->Keep(kKeptSwitch, spec_->kept.switches.size());
+      spec_->kept.switches.emplace_back(tid, t);
+    }
+  }
+}
+
+KvmPairer::SpecBuffer KvmPairer::Disarm() {
+  if (!spec_) return {};
+  SpecBuffer b = std::move(spec_->kept);
+  spec_.reset();
+  sink_ = nullptr;
+  return b;
+}
+
+namespace {
+// to += now - then, counter by counter.
+void AddSince(KvmPairingStats* to, const KvmPairingStats& now, const KvmPairingStats& then) {
+  static_assert(sizeof(KvmPairingStats) == sizeof(uint64_t) * (kKvmEventTypeCount + 14),
+                "a counter was added to KvmPairingStats: add it here");
+  for (size_t i = 0; i < kKvmEventTypeCount; ++i)
+    to->records[i] += now.records[i] - then.records[i];
+  for (auto f : {&KvmPairingStats::records_total, &KvmPairingStats::exits,
+                 &KvmPairingStats::kernel_exits, &KvmPairingStats::userspace_exits,
+                 &KvmPairingStats::open_at_end, &KvmPairingStats::exits_time_unknown,
+                 &KvmPairingStats::kernel_accesses, &KvmPairingStats::lost_events,
+                 &KvmPairingStats::lost_markers, &KvmPairingStats::unpaired_exits,
+                 &KvmPairingStats::entries_without_exit, &KvmPairingStats::children_outside_exit,
+                 &KvmPairingStats::completions, &KvmPairingStats::failed_vmentry}) {
+    to->*f += now.*f - then.*f;
+  }
+}
+}  // namespace
+
+bool KvmPairer::CanTake(const KvmPairer& later) const {
+  if (!later.spec_ || later.spec_->failed) return false;
+  // The threads the items concern, copied, with this pairer's numbering: the records left to
+  // this pairer are paired on them as Take would, and each state `later` starts to vouch for
+  // is checked where it starts to.
+  KvmPairer scratch(options_, nullptr);
+  scratch.tgid_of_ = tgid_of_;
+  scratch.next_vcpu_ = next_vcpu_;
+  scratch.vcpu_of_tid_ = vcpu_of_tid_;
+  const auto copy = [&](int32_t tid) {
+    if (scratch.threads_.contains(tid)) return;
+    if (auto it = threads_.find(tid); it != threads_.end())
+      scratch.threads_.emplace(tid, it->second);
+  };
+  const SpecBuffer& kept = later.spec_->kept;
+  for (const KeptItem& item : kept.items) {
+    if (item.what == kKeptSwitch) {
+      const auto& [tid, state] = kept.switches[item.subkey];
+      copy(tid);
+      const auto it = scratch.threads_.find(tid);
+      if (it == scratch.threads_.end() || !SameThread(it->second, state)) return false;
+    } else if (item.what == kKeptRecord) {
+      const KvmRecord& r = kept.records[item.subkey];
+      copy(r.tid);
+      scratch.Feed(r);
+    }
+  }
+  return true;
+}
+
+KvmPairer::SpecBuffer KvmPairer::Take(KvmPairer&& later) {
+  Spec& spec = *later.spec_;
+  for (const KeptItem& item : spec.kept.items) {
+    if (item.what == kKeptExit) {
+      if (sink_ != nullptr) sink_->OnExit(Unkept(item, spec.kept));
+    } else if (item.what == kKeptRecord) {
+      Feed(spec.kept.records[item.subkey]);
+    }
+  }
+  // The threads `later` paired: their states now (each is one of this pairer's already, by
+  // the records before the segment or the shadow's first ones).
+  for (auto& [tid, t] : later.threads_) {
+    if (t.spec != 0) continue;
+    auto it = threads_.find(tid);
+    if (it == threads_.end()) continue;  // CanTake checked every one
+    it->second = std::move(t);
+    it->second.spec = 0;
+  }
+  cpu_last_ = {};
+  AddSince(&stats_, later.stats_, spec.at_arm);
+  for (auto& [text, view] : later.interned_index_) interned_index_.try_emplace(text, view);
+  taken_over_.push_back(std::move(later.interned_));  // a moved deque keeps its elements' place
+  for (auto& d : later.taken_over_) taken_over_.push_back(std::move(d));
+  return std::move(spec.kept);  // Arm empties it
+}
+
 void KvmPairer::SetThreadGroup(int32_t tid, int32_t tgid) {
   tgid_of_[tid] = tgid;
   if (auto it = threads_.find(tid); it != threads_.end()) it->second.tgid = tgid;
@@ -107,6 +320,7 @@ KvmPairer::Thread& KvmPairer::ThreadOfSlow(const KvmRecord& r, CpuLast* last) {
   if (inserted) {
     t.tid = r.tid;
     if (auto g = tgid_of_.find(r.tid); g != tgid_of_.end()) t.tgid = g->second;
+    if (spec_ != nullptr) t.spec = 1;  // armed: a thread first met now starts in the shadow
   }
   if (r.tgid >= 0) t.tgid = r.tgid;
   t.last_cpu = r.cpu;
@@ -124,6 +338,7 @@ uint32_t KvmPairer::VcpuOf(int32_t tid, const Thread& t) {
   const uint32_t v = next_vcpu_[vm]++;
   vcpu_of_tid_.emplace(tid, v);
   t.vcpu_index = v;
+  t.spec_tainted = true;  // a speculative pairer's number is not the other pairer's
   return v;
 }
 
@@ -399,6 +614,7 @@ void KvmPairer::EndExit(Thread& t, uint64_t end_ts) {
   t.phase = Phase::kIdle;
   t.children = 0;
   t.child = Child{};
+  if (t.spec_ends < 255) ++t.spec_ends;
   if (!t.ev_is_kernel && t.hold_next != Hold::kNone) {
     t.held = t.hold_next;
     t.held_ev = e;
@@ -492,18 +708,51 @@ void KvmPairer::Emit(ExitEvent& e, bool kernel) {
   if (sink_ != nullptr) sink_->OnExit(e);
 }
 
+void KvmPairer::SpecFeed(Thread& t, const KvmRecord& r) {
+  if (spec_->kept.items.size() >= Spec::kMaxItems) {
+    spec_->failed = true;
+    return;
+  }
+  spec_->Keep(kKeptRecord, spec_->kept.records.size());  // the other pairer's, counted there
+  spec_->kept.records.push_back(r);
+  if (t.spec == 2) return;
+  // In the shadow: paired here, nothing counted or kept, until two exits have ended.
+  const KvmPairingStats counted = stats_;
+  EventSink* const sink = sink_;
+  sink_ = nullptr;
+  FeedThread(t, r);
+  sink_ = sink;
+  stats_ = counted;
+  if (t.spec_tainted) {
+    t.spec = 2;
+  } else if (t.spec_ends >= 2) {
+    t.spec = 0;
+    spec_->Keep(kKeptSwitch, spec_->kept.switches.size());
+    spec_->kept.switches.emplace_back(r.tid, t);
+  }
+}
+
 void KvmPairer::Feed(const KvmRecord& r) {
   if (observer_ != nullptr) observer_(r, observer_ctx_);
+  // sched_switch is no part of an exit: counted, seen by the observer (the joint view takes
+  // off-CPU time from it), never paired.
+  const bool threadless = r.type == KvmEventType::kOther || r.type == KvmEventType::kCount ||
+                          r.type == KvmEventType::kSchedSwitch;
+  if (spec_ != nullptr && !threadless) {  // armed (speculative pairing)
+    Thread& t = ThreadOf(r);
+    if (t.spec != 0) {
+      SpecFeed(t, r);
+      return;
+    }
+  }
   ++stats_.records_total;
   ++stats_.records[static_cast<size_t>(r.type) < kKvmEventTypeCount ? static_cast<size_t>(r.type)
                                                                     : 0];
-  // sched_switch is no part of an exit: counted, seen by the observer (the joint view takes
-  // off-CPU time from it), never paired.
-  if (r.type == KvmEventType::kOther || r.type == KvmEventType::kCount ||
-      r.type == KvmEventType::kSchedSwitch) {
-    return;
-  }
-  Thread& t = ThreadOf(r);
+  if (threadless) return;
+  FeedThread(ThreadOf(r), r);
+}
+
+void KvmPairer::FeedThread(Thread& t, const KvmRecord& r) {
   if (r.vcpu_id >= 0 && (r.type == KvmEventType::kExit || r.type == KvmEventType::kEntry ||
                          r.type == KvmEventType::kPageFault)) {
     t.vcpu = r.vcpu_id;
@@ -590,6 +839,8 @@ void KvmPairer::Feed(const KvmRecord& r) {
 }
 
 void KvmPairer::OnLost(uint32_t cpu, int64_t count) {
+  // Armed: a loss ends the state of threads this pairer does not pair; not taken.
+  if (spec_ != nullptr) spec_->failed = true;
   ++stats_.lost_markers;
   if (count > 0) stats_.lost_events += static_cast<uint64_t>(count);
   for (auto& [tid, t] : threads_) {

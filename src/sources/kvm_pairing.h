@@ -61,11 +61,13 @@
 #include <array>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
+#include "base/huge_pages.h"
 #include "sources/event.h"
 #include "sources/kvm_decode.h"
 #include "sources/kvm_trace.h"
@@ -151,6 +153,41 @@ class KvmPairer {
 
   const KvmPairingStats& stats() const noexcept { return stats_; }
   const KvmPairerOptions& options() const noexcept { return options_; }
+  EventSink* sink() const noexcept { return sink_; }
+  void set_sink(EventSink* sink) noexcept { sink_ = sink; }
+  bool has_observer() const noexcept { return observer_ != nullptr; }
+
+  // Speculative pairing (TraceCmdDat reads a long capture in time segments on threads:
+  // docs/trace-files.md "Segments"). A pairer for a segment starts from nothing a little
+  // before it, with the vCPU numbering of the pairer that reads in order (SeedNumbering), and
+  // is armed where the segment starts (Arm). From there it keeps what it does for the one
+  // that has the state there to check and take:
+  //  - the threads it vouches for: those numbered by the seed when armed (their state then is
+  //    checked), and those it first pairs in the shadow (their records go to the other pairer,
+  //    their exits nowhere) until two of their exits have ended, whose state at that point is
+  //    checked; their exits are kept;
+  //  - every other record, in order, for the other pairer to pair where it comes.
+  // CanTake replays that on copies of the threads concerned and checks each state; Take
+  // replays it for real into this pairer's sink and takes over those threads. The result is
+  // that of one pairer reading every record in order.
+  struct Numbering {
+    std::unordered_map<int32_t, uint32_t> next_vcpu;    // per VM: the next index
+    std::unordered_map<int32_t, uint32_t> vcpu_of_tid;  // thread -> index
+  };
+  Numbering numbering() const { return {next_vcpu_, vcpu_of_tid_}; }
+  // A pairer as this one was before its first record (options, thread groups), with
+  // `numbering`, feeding nowhere.
+  KvmPairer Fresh(const Numbering& numbering) const;
+  // The storage an armed pairer keeps what it kept in, handed back by Take to be reused:
+  // its memory is faulted in once.
+  class SpecBuffer;
+  void Arm(SpecBuffer buffer);
+  // Whether `later` (armed where this pairer stands now, then fed the records that follow)
+  // can be taken; false when a state differs, it saw a loss, or it kept too much.
+  bool CanTake(const KvmPairer& later) const;
+  SpecBuffer Take(KvmPairer&& later);
+  // An armed pairer's storage, when what it kept is not taken: for the next one to reuse.
+  SpecBuffer Disarm();
 
  private:
   struct Child {
@@ -160,6 +197,7 @@ class KvmPairer {
     AccessDir dir = AccessDir::kNone;
     uint64_t value = 0;
     uint64_t rip = 0;
+    bool operator==(const Child&) const = default;
   };
   // One access record in a run window (userspace mode).
   struct Access {
@@ -171,6 +209,7 @@ class KvmPairer {
     AccessDir dir = AccessDir::kNone;
     uint8_t size = 0;
     bool unsatisfied = false;  // kvm_mmio unsatisfied-read
+    bool operator==(const Access&) const = default;
   };
   enum class Phase : uint8_t { kIdle, kKernelExit, kUserExit };
   // What a finished userspace exit waits for in the next window.
@@ -203,7 +242,14 @@ class KvmPairer {
     // A finished exit waiting for the next window's first records.
     Hold held = Hold::kNone;
     ExitEvent held_ev;
+    // Speculative pairing (Arm): 0 paired here, 1 in the shadow, 2 left to the other pairer.
+    uint8_t spec = 0;
+    uint8_t spec_ends = 0;              // exits ended in the shadow
+    mutable bool spec_tainted = false;  // numbered here, not by the seed: never vouched for
   };
+  // The same pairing state: what is to come pairs the same way (fields a phase does not use
+  // are not compared).
+  bool SameThread(const Thread& a, const Thread& b) const;
 
   static constexpr size_t kCpuCache = 64;
   struct CpuLast {
@@ -251,6 +297,59 @@ class KvmPairer {
   std::unordered_map<int32_t, int32_t> tgid_of_;
   std::unordered_map<std::string, std::string_view> interned_index_;
   std::deque<std::string> interned_;
+  std::vector<std::deque<std::string>> taken_over_;  // interned_ of pairers Take took
+  // Speculative pairing, from Arm(): what it kept, in order.
+  // What an armed pairer keeps, in order: an exit, or the index of a record left to the
+  // other pairer, or of a thread's state where this pairer starts to vouch for it. An exit in
+  // 72 bytes (an ExitEvent is 160: the items are written on one core and read on another,
+  // and their bytes are most of that cost), its strings by their index in the buffer's table.
+  struct KeptItem {
+    uint64_t start_ns, duration_ns, subkey, value, guest_rip;  // subkey: the index, else
+    uint32_t vcpu, vm, tid;
+    uint16_t reason, user_reason, device, reg;
+    uint8_t size, dir, isa, subkey_kind, end, bits;
+    uint8_t what;  // kExit, kRecord, kSwitch
+  };
+  static constexpr uint8_t kKeptExit = 0, kKeptRecord = 1, kKeptSwitch = 2;
+
+ public:
+  class SpecBuffer {
+    friend class KvmPairer;
+
+   public:
+    bool has_storage() const noexcept { return items.capacity() != 0; }
+
+   private:
+    // Written as soon as a thread reads a segment, on fresh memory: huge pages.
+    std::vector<KeptItem, base::HugePageAllocator<KeptItem>> items;
+    std::vector<KvmRecord> records;
+    std::vector<std::pair<int32_t, Thread>> switches;
+    std::vector<std::string_view> strings;
+  };
+
+ private:
+  struct Spec final : EventSink {
+    void OnExit(const ExitEvent& e) override;
+    void Keep(uint8_t what, size_t index) {
+      KeptItem& k = kept.items.emplace_back();
+      k.what = what;
+      k.subkey = index;
+    }
+    SpecBuffer kept;
+    struct Memo {
+      std::string_view text;
+      uint16_t index = kNoIndex;
+    };
+    static constexpr uint16_t kNoIndex = UINT16_MAX;
+    std::array<Memo, 32> memo{};  // kept.strings by address (OnExit)
+    KvmPairingStats at_arm;
+    bool failed = false;  // a loss, or too many items
+    static constexpr size_t kMaxItems = size_t{1} << 18;
+  };
+  std::unique_ptr<Spec> spec_;
+  void SpecFeed(Thread& t, const KvmRecord& r);
+  static ExitEvent Unkept(const KeptItem& k, const SpecBuffer& b);
+  void FeedThread(Thread& t, const KvmRecord& r);
   // Per VM: the next vCPU index handed to a thread whose records carry no vcpu_id.
   std::unordered_map<int32_t, uint32_t> next_vcpu_;
   std::unordered_map<int32_t, uint32_t> vcpu_of_tid_;

@@ -53,8 +53,8 @@ constexpr bool FastRingPagesApply(bool file_big_endian, uint32_t long_size) noex
 // Walks one page (see above), appending its records to `out` with offsets from `page - base`
 // (base: the page's offset in a larger buffer, 0 for offsets from the page). On false, what
 // it appended is not useful (the caller drops it).
-inline bool WalkRingPageFast(const uint8_t* page, uint32_t page_size, uint32_t base,
-                             std::vector<RingEvent>* out) {
+template <class Events>  // a std::vector<RingEvent>, whatever its allocator
+inline bool WalkRingPageFast(const uint8_t* page, uint32_t page_size, uint32_t base, Events* out) {
   constexpr uint32_t kData = 16;
   if (page_size < kData) return false;
   uint64_t ts = 0, flags = 0;

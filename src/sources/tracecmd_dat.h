@@ -99,14 +99,30 @@ class TraceCmdDat {
   // Pages the last ReadAll read by the fast walk and by the checked path.
   uint64_t fast_pages() const noexcept { return fast_pages_; }
   uint64_t checked_pages() const noexcept { return checked_pages_; }
-  // Reading threads: 0 (default) one decompressing thread per compressed CPU stream when the
-  // host has several cores and the streams hold at least 8 MiB of decompressed data; 1 none;
-  // N > 1 one per compressed stream even on one core (tests). Uncompressed streams (mapped
-  // pages) never get one. The result is the same either way. EXITSCOPE_DAT_THREADS=N sets it
-  // at Open.
+  // Reading threads: 0 (default) when the host has several cores and the compressed streams
+  // hold at least 8 MiB of decompressed data, one per core but this one (up to 7) reading
+  // segments, or one decompressing thread per compressed CPU stream where segments do not
+  // apply (see set_segment_chunks); 1 none; N > 1 threads even on one core (tests): N - 1
+  // reading segments, or one decompressing per compressed stream. Uncompressed streams
+  // (mapped pages) never get one. The result is the same either way.
+  // EXITSCOPE_DAT_THREADS=N sets it at Open.
   void set_read_threads(int n) noexcept { threads_ = n < 0 ? 0 : n; }
-  // Threads the last ReadAll read with: this one plus its decompressing threads.
+  // Threads the last ReadAll read with: this one plus its decompressing threads, or plus
+  // the threads that read segments.
   int read_threads() const noexcept { return read_threads_; }
+  // Reading in time segments on threads (docs/trace-files.md "Segments"): kAutoSegments
+  // (default) about 256 KiB of decompressed data a segment, when the threads read at all (see
+  // set_read_threads); n chunks of the largest stream a segment, with threads whatever the
+  // size (tests: 1 cuts the most segments); 0 never (the decompressing threads instead).
+  // Applies when every stream is compressed and little endian and the pairer has no record
+  // observer. EXITSCOPE_DAT_SEGMENT_CHUNKS=n (or =auto) sets it at Open. The result is the
+  // same either way.
+  static constexpr uint64_t kAutoSegments = ~uint64_t{0};
+  void set_segment_chunks(uint64_t n) noexcept { segment_chunks_ = n; }
+  // Segments the last ReadAll cut (0: it read without), and how many of them a thread read
+  // and this one took (the others it read itself: see the doc).
+  uint64_t segments() const noexcept { return segments_; }
+  uint64_t verified_segments() const noexcept { return verified_segments_; }
 
   // The floor no reader goes below, for the benchmark (bench/kvm_dat_floor_benchmark.cc):
   // every CPU data page loaded (chunks decompressed, uncompressed pages read), on this thread,
@@ -125,6 +141,8 @@ class TraceCmdDat {
   bool allow_fast_ = true;
   int threads_ = 0;
   int read_threads_ = 1;
+  uint64_t segment_chunks_ = kAutoSegments;
+  uint64_t segments_ = 0, verified_segments_ = 0;
   uint64_t fast_pages_ = 0;
   uint64_t checked_pages_ = 0;
   std::string path_;

@@ -158,9 +158,10 @@ TEST_F(KvmCli, TraceTrimmedToTimestampsSaysSoInTheInputLine) {
 
 // The report is the same byte for byte whichever way the .dat is read: the checked path on
 // one thread (EXITSCOPE_DAT_FAST=0, EXITSCOPE_DAT_THREADS=1), the fast path on one thread,
-// and one decompressing thread per compressed CPU stream forced on (EXITSCOPE_DAT_THREADS=4:
-// the real capture kDat is v7 zstd on two CPUs), on every committed
-// capture and in the text and JSON formats.
+// threads forced on (EXITSCOPE_DAT_THREADS=4: the real capture kDat is v7 zstd on two CPUs)
+// reading time segments of one chunk (EXITSCOPE_DAT_SEGMENT_CHUNKS=1), or one decompressing
+// thread per compressed CPU stream (=0), on every committed capture and in the text and JSON
+// formats.
 TEST_F(KvmCli, ReportIsTheSameWithAndWithoutTheFastPathAndThreads) {
   const std::string data = std::string(EXITSCOPE_TESTDATA_DIR);
   for (const std::string& dat :
@@ -175,7 +176,9 @@ TEST_F(KvmCli, ReportIsTheSameWithAndWithoutTheFastPathAndThreads) {
       ASSERT_EQ(base.status, 0) << base.out;
       ASSERT_FALSE(base.out.empty());
       for (const std::string& env :
-           {std::string("EXITSCOPE_DAT_THREADS=1"), std::string("EXITSCOPE_DAT_THREADS=4"),
+           {std::string("EXITSCOPE_DAT_THREADS=1"),
+            std::string("EXITSCOPE_DAT_THREADS=4 EXITSCOPE_DAT_SEGMENT_CHUNKS=1"),
+            std::string("EXITSCOPE_DAT_THREADS=4 EXITSCOPE_DAT_SEGMENT_CHUNKS=0"),
             std::string("EXITSCOPE_DAT_FAST=0 EXITSCOPE_DAT_THREADS=4")}) {
         const CmdResult got = exitscope::test::RunShell("env " + env + " " + kBin + " " + args);
         EXPECT_EQ(got.status, 0) << env;

@@ -64,6 +64,7 @@
 #include "sources/bpf/kvm_stat_hist.h"
 #include "sources/kvm_input.h"
 #include "sources/kvm_pairing.h"
+#include "support/testdata.h"
 
 // The program's maps, for the state machine's two hooks (it calls them as it calls the BPF
 // program's: free functions, defined before the header is included).
@@ -164,15 +165,7 @@ struct Collect : EventSink {
   }
 };
 
-// Every *.dat under testdata/, sorted.
-std::vector<fs::path> CommittedDats() {
-  std::vector<fs::path> out;
-  for (const auto& e : fs::recursive_directory_iterator(EXITSCOPE_TESTDATA_DIR)) {
-    if (e.is_regular_file() && e.path().extension() == ".dat") out.push_back(e.path());
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
+using test::CommittedDats;
 
 // Reads `path` (false: the reader refuses it, `why` says why).
 bool ReadCapture(const fs::path& path, Capture* c, std::string* why) {
@@ -573,7 +566,7 @@ std::string Lines(const std::vector<std::string>& v, size_t max = 20) {
 const std::vector<Capture>& Captures() {
   static const std::vector<Capture> all = [] {
     std::vector<Capture> out;
-    for (const fs::path& p : CommittedDats()) {
+    for (const fs::path p : CommittedDats()) {
       Capture c;
       std::string why;
       if (ReadCapture(p, &c, &why)) {

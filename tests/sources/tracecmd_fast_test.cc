@@ -18,6 +18,7 @@
 #include "sources/kvm_pairing.h"
 #include "sources/ring_page.h"
 #include "sources/tracecmd_dat.h"
+#include "support/testdata.h"
 
 extern "C" {
 #include <traceevent/kbuffer.h>
@@ -26,15 +27,7 @@ extern "C" {
 namespace exitscope::sources {
 namespace {
 
-std::vector<std::string> CommittedDats() {
-  std::vector<std::string> out;
-  for (const auto& e :
-       std::filesystem::recursive_directory_iterator(std::string(EXITSCOPE_TESTDATA_DIR))) {
-    if (e.is_regular_file() && e.path().extension() == ".dat") out.push_back(e.path().string());
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
+using test::CommittedDats;
 
 // Every field of every record fed, in order, and every exit.
 struct Seen : EventSink {

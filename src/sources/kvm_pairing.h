@@ -158,10 +158,10 @@ class KvmPairer {
   bool has_observer() const noexcept { return observer_ != nullptr; }
 
   // Speculative pairing (TraceCmdDat reads a long capture in time segments on threads:
-  // docs/trace-files.md "Segments"). A pairer for a segment starts from nothing a little
-  // before it, with the vCPU numbering of the pairer that reads in order (SeedNumbering), and
-  // is armed where the segment starts (Arm). From there it keeps what it does for the one
-  // that has the state there to check and take:
+  // docs/trace-files.md "Segments"). A pairer for a segment starts from nothing where the
+  // segment starts (or before it), with the vCPU numbering of the pairer that reads in order
+  // (Fresh), and is armed where the segment starts (Arm). From there it keeps what it does
+  // for the one that has the state there to check and take:
   //  - the threads it vouches for: those numbered by the seed when armed (their state then is
   //    checked), and those it first pairs in the shadow (their records go to the other pairer,
   //    their exits nowhere) until two of their exits have ended, whose state at that point is
@@ -298,7 +298,6 @@ class KvmPairer {
   std::unordered_map<std::string, std::string_view> interned_index_;
   std::deque<std::string> interned_;
   std::vector<std::deque<std::string>> taken_over_;  // interned_ of pairers Take took
-  // Speculative pairing, from Arm(): what it kept, in order.
   // What an armed pairer keeps, in order: an exit, or the index of a record left to the
   // other pairer, or of a thread's state where this pairer starts to vouch for it. An exit in
   // 72 bytes (an ExitEvent is 160: the items are written on one core and read on another,

@@ -10,6 +10,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -76,7 +77,9 @@ struct HugePageAllocator {
 // every slot must have been given back to first.
 class SlotArena {
  public:
-  explicit SlotArena(size_t slot_bytes) : slot_((slot_bytes + 4095) & ~size_t{4095}) {}
+  // `slot_bytes` rounded up to whole 4 KiB pages (at least one).
+  explicit SlotArena(size_t slot_bytes)
+      : slot_((std::max<size_t>(slot_bytes, 1) + 4095) & ~size_t{4095}) {}
   ~SlotArena() {
     for (void* b : blocks_) UnmapHuge(b, Block());
   }

@@ -153,8 +153,6 @@ class KvmPairer {
 
   const KvmPairingStats& stats() const noexcept { return stats_; }
   const KvmPairerOptions& options() const noexcept { return options_; }
-  EventSink* sink() const noexcept { return sink_; }
-  void set_sink(EventSink* sink) noexcept { sink_ = sink; }
   bool has_observer() const noexcept { return observer_ != nullptr; }
 
   // Speculative pairing (TraceCmdDat reads a long capture in time segments on threads:

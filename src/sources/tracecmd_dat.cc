@@ -308,9 +308,10 @@ Status TraceCmdDat::ReadOwn(KvmPairer* pairer, KvmTepDecoder* decoder) {
       !pairer->has_observer() && SegmentsApply(streams, L) &&
       SegmentsHeld(streams.size(), workers, largest) <= budget) {
     SegmentReport report;
-    Status s = ReadInSegments(streams, ctx, type, pairer, decoder,
-                              {.chunks = asked ? segment_chunks_ : 0, .workers = workers}, &counts,
-                              &short_records, &report);
+    Status s = ReadInSegments(
+        streams, ctx, type, pairer, decoder,
+        {.chunks = asked ? segment_chunks_ : 0, .workers = workers, .largest = largest}, &counts,
+        &short_records, &report);
     read_threads_ = 1 + static_cast<int>(workers);
     segments_ = report.segments;
     verified_segments_ = report.verified;
@@ -338,7 +339,7 @@ Status TraceCmdDat::ReadOwn(KvmPairer* pairer, KvmTepDecoder* decoder) {
       finish();
       return run.error();
     }
-    if (!run.Run(decoder, {})) {
+    if (!run.Run(decoder)) {
       finish();
       pairer->Finish();
       return run.error();

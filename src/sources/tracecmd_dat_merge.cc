@@ -250,8 +250,8 @@ bool MergeRun::Skip(MergeKey limit) {
   return true;
 }
 
-bool MergeRun::Run(KvmTepDecoder* decoder, MergeKey limit) {
-  limit_ = limit;
+bool MergeRun::Run(KvmTepDecoder* decoder) {
+  limit_ = MergeKey{};
   stop_stream_ = SIZE_MAX;
   return RunToLimit(decoder);
 }
@@ -519,8 +519,7 @@ struct Plan {
     const ReadCounts counts_at_start = counts;
     const uint64_t short_at_start = dec.short_records();
     pairer->Arm(std::move(*buffer));
-    if (!(s + 1 < count ? run.RunToBatch(&dec, big, offsets[big][(s + 1) * per])
-                        : run.Run(&dec, MergeKey{}))) {
+    if (!(s + 1 < count ? run.RunToBatch(&dec, big, offsets[big][(s + 1) * per]) : run.Run(&dec))) {
       *buffer = pairer->Disarm();  // for the next read
       return;
     }
@@ -544,9 +543,8 @@ Status ReadInSegments(const std::vector<std::unique_ptr<StreamCursor>>& streams,
   std::vector<std::vector<uint64_t>> offsets;
   for (const auto& s : streams) offsets.push_back(s->ChunkOffsets());
   ChunkTimes times(ctx, offsets);
-  uint64_t largest = 0;
-  for (const auto& st : streams) largest = std::max(largest, st->Sizes().largest);
-  BatchPool pool(largest);  // before the segments and runs, which give their batches back to it
+  BatchPool pool(
+      options.largest);  // before the segments and runs, which give their batches back to it
   Plan plan{streams, offsets, L, type, times, pool};
   for (size_t i = 0; i < streams.size(); ++i) {
     if (offsets[i].size() > offsets[plan.big].size()) plan.big = i;
@@ -708,7 +706,7 @@ Status ReadInSegments(const std::vector<std::unique_ptr<StreamCursor>>& streams,
         }
       }
       // To the next segment's start (the big stream's chunk there), or to the end.
-      if (!(to_end ? run->Run(decoder, MergeKey{})
+      if (!(to_end ? run->Run(decoder)
                    : run->RunToBatch(decoder, plan.big, offsets[plan.big][(s + 1) * plan.per]))) {
         join();
         pairer->Finish();

@@ -572,9 +572,9 @@ class MergeRun {
   // batches are not counted (the run that read the records before did). Null: from the
   // cursors' start, counted. false: an error (error()).
   bool Start(const std::vector<StreamPos>* at);
-  // Feeds records in merged order while they are below `limit`. false: an error (error());
-  // the records before it were fed.
-  bool Run(KvmTepDecoder* decoder, MergeKey limit);
+  // Feeds records in merged order to the end of the streams. false: an error (error()); the
+  // records before it were fed.
+  bool Run(KvmTepDecoder* decoder);
   // The same, up to where the batch of stream `stream` at file offset `offset` starts: the
   // limit is that batch's first page time stamp, learnt when the merge loads the batch, so
   // nothing is decompressed ahead to find it. (A batch without one: no limit, to the end.)
@@ -650,6 +650,7 @@ class MergeRun {
 struct SegmentOptions {
   uint64_t chunks = 0;   // of the largest stream per segment; 0: about kSegmentBytes of data
   unsigned workers = 1;  // threads besides the calling one
+  uint64_t largest = 0;  // the streams' largest chunk (+ kPad): ChunkSizes
 };
 inline constexpr uint64_t kSegmentBytes = 256ull << 10;
 // How far ahead of the calling thread the threads read: segments a thread has read and the

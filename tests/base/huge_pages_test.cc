@@ -32,6 +32,7 @@ TEST(HugePageAllocator, SmallBuffersAreOrdinaryMemory) {
 }
 
 TEST(SlotArena, SlotsAreDistinctReusedAndSizedUpToAPage) {
+  EXPECT_EQ(SlotArena(0).slot(), 4096u);  // never an empty slot
   SlotArena arena(5000);
   EXPECT_EQ(arena.slot(), 8192u);
   std::set<void*> seen;

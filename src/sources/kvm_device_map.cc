@@ -167,6 +167,7 @@ bool KvmDeviceMap::Resolve(SubKeyKind kind, uint64_t addr, uint32_t size, Access
                            std::string_view* device, std::string_view* reg) const {
   const IoSpace space = kind == SubKeyKind::kPort ? IoSpace::kPio : IoSpace::kMmio;
   const Key key{addr, size, static_cast<uint8_t>(space), static_cast<uint8_t>(dir)};
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = cache_.find(key);
   if (it == cache_.end()) {
     Entry e;

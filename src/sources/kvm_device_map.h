@@ -24,11 +24,14 @@
 //
 // Lookups are cached per (space, address, size): a trace touches few distinct addresses, so
 // register names are formatted once and the returned views stay valid for the map's life.
+// Resolve is thread-safe (the cache is behind a mutex): the pairers of a capture read in time
+// segments on threads share one map (docs/trace-files.md, "Segments").
 #pragma once
 
 #include <deque>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -102,6 +105,7 @@ class KvmDeviceMap final : public KvmDeviceResolver {
   std::unique_ptr<AddressSpace> space_;
   std::deque<std::string> names_;                              // device names by index
   std::map<std::pair<uint8_t, uint64_t>, RangeExtra> extras_;  // by (space, range base)
+  mutable std::mutex mu_;                                      // regs_ and cache_
   mutable std::deque<std::string> regs_;
   mutable std::unordered_map<Key, Entry, KeyHash> cache_;
 };

@@ -487,14 +487,20 @@ void KvmPairer::ApplyChild(const Thread& t, ExitEvent* e) const {
 void KvmPairer::Resolve(ExitEvent* e) const {
   if (options_.devices == nullptr) return;
   if (e->subkey_kind != SubKeyKind::kPort && e->subkey_kind != SubKeyKind::kMmio) return;
-  std::string_view dev, reg;
-  if (options_.devices->Resolve(e->subkey_kind, e->subkey, e->size, e->dir, &dev, &reg)) {
-    e->device = dev;
-    e->reg = reg;
-  } else {
-    e->device = {};
-    e->reg = {};
+  const auto kind = static_cast<uint8_t>(e->subkey_kind);
+  const auto dir = static_cast<uint8_t>(e->dir);
+  DeviceMemo& m = device_memo_[(e->subkey ^ (e->subkey >> 12) ^ e->size) % device_memo_.size()];
+  if (!(m.used && m.addr == e->subkey && m.size == e->size && m.kind == kind && m.dir == dir)) {
+    m.addr = e->subkey;
+    m.size = e->size;
+    m.kind = kind;
+    m.dir = dir;
+    m.used = true;
+    m.found =
+        options_.devices->Resolve(e->subkey_kind, e->subkey, e->size, e->dir, &m.device, &m.reg);
   }
+  e->device = m.found ? m.device : std::string_view{};
+  e->reg = m.found ? m.reg : std::string_view{};
 }
 
 void KvmPairer::StartKernelExit(Thread& t, const KvmRecord& r) {

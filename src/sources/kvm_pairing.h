@@ -87,7 +87,9 @@ struct ClockScale {
 };
 
 // Resolves a port or guest-physical MMIO address to a device and register. Implementations
-// own the returned strings for their lifetime (see kvm_device_map.h).
+// own the returned strings for their lifetime (see kvm_device_map.h), and are thread-safe:
+// the pairers of a capture read in time segments on threads share one (KvmPairer keeps a
+// few answers of its own, so that most exits do not ask it).
 class KvmDeviceResolver {
  public:
   virtual ~KvmDeviceResolver() = default;
@@ -296,6 +298,16 @@ class KvmPairer {
   std::unordered_map<std::string, std::string_view> interned_index_;
   std::deque<std::string> interned_;
   std::vector<std::deque<std::string>> taken_over_;  // interned_ of pairers Take took
+  // The resolver's last answers by key, direct mapped: it locks, and the pairers of a read in
+  // segments share it, while most exits of a capture go to a few addresses.
+  struct DeviceMemo {
+    uint64_t addr = 0;
+    uint32_t size = 0;
+    uint8_t kind = 0, dir = 0;
+    bool used = false, found = false;
+    std::string_view device, reg;
+  };
+  mutable std::array<DeviceMemo, 16> device_memo_{};
   // What an armed pairer keeps, in order: an exit, or the index of a record left to the
   // other pairer, or of a thread's state where this pairer starts to vouch for it. An exit in
   // 72 bytes (an ExitEvent is 160: the items are written on one core and read on another,
@@ -317,9 +329,11 @@ class KvmPairer {
     bool has_storage() const noexcept { return items.capacity() != 0; }
 
    private:
-    // Written as soon as a thread reads a segment, on fresh memory: huge pages.
+    // Written as soon as a thread reads a segment, on fresh memory: huge pages. The records
+    // are few, but all of a thread the pairer numbered itself (a vCPU first met in the
+    // segment): thousands, which on 4 KiB pages fault hundreds of times.
     std::vector<KeptItem, base::HugePageAllocator<KeptItem>> items;
-    std::vector<KvmRecord> records;
+    std::vector<KvmRecord, base::HugePageAllocator<KvmRecord>> records;
     std::vector<std::pair<int32_t, Thread>> switches;
     std::vector<std::string_view> strings;
   };

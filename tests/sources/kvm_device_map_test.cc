@@ -9,6 +9,10 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
 
 #include "exitscope/dump.h"
 #include "exitscope/recorder.h"
@@ -121,6 +125,41 @@ TEST(KvmDeviceMap, NamesTheCapturePortsThroughThePairer) {
   EXPECT_EQ(sink.com1, 3001u);  // 3001 kvm_pio on 0x3f8; the last exit is open at end of trace
   EXPECT_EQ(sink.doorbell, 3000u);
   EXPECT_EQ(sink.unresolved, 2u);  // the debug port 0xe9
+}
+
+// The pairers of a capture read in segments on threads share one map: lookups from several
+// threads at once, most of them new to the cache (it grows, and rehashes, meanwhile), give
+// what one thread gets. Under ThreadSanitizer in make tsan (label `concurrency`).
+TEST(KvmDeviceMapThreads, ResolvesFromSeveralThreadsAtOnce) {
+  const auto lookups = [](const KvmDeviceMap& m, unsigned from, unsigned step) {
+    std::vector<std::string> out;
+    for (unsigned i = from; i < 4096; i += step) {
+      std::string_view dev, reg;
+      const bool mmio = i % 2 == 0;
+      const bool found = m.Resolve(mmio ? SubKeyKind::kMmio : SubKeyKind::kPort,
+                                   mmio ? 0xfebf0000 + 4 * i : 0x3f0 + i % 16, 1 + i % 4,
+                                   i % 3 == 0 ? AccessDir::kWrite : AccessDir::kRead, &dev, &reg);
+      out.push_back(fmt::format("{} {} {} {}", i, found, dev, reg));
+    }
+    return out;
+  };
+  auto one = KvmDeviceMap::Parse(kMap, "test.map");
+  auto shared = KvmDeviceMap::Parse(kMap, "test.map");
+  ASSERT_TRUE(one.has_value() && shared.has_value());
+  constexpr unsigned kThreads = 4;
+  std::vector<std::vector<std::string>> got(kThreads);
+  std::vector<std::thread> threads;
+  for (unsigned t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] { got[t] = lookups(**shared, t, kThreads); });
+  }
+  for (std::thread& t : threads) t.join();
+  for (unsigned t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(got[t], lookups(**one, t, kThreads)) << "thread " << t;
+  }
+  // Some of them are registers the map names.
+  std::string_view dev, reg;
+  ASSERT_TRUE((*shared)->Resolve(SubKeyKind::kMmio, 0xfebf1008, 4, AccessDir::kNone, &dev, &reg));
+  EXPECT_EQ(reg, "SQ1TDBL");
 }
 
 }  // namespace

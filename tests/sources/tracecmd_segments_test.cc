@@ -4,7 +4,8 @@
 // (KvmPairer::Arm) that another one takes over (CanTake, Take) gives the exits and counts of
 // one pairer reading every record, and a state that differs is refused. Then the reader: on
 // every committed .dat, segments as small as one chunk, one to three threads besides this
-// one: the same exits field for field in the same order, the same counts, the same error.
+// one: the same exits field for field in the same order, the same counts, the same error;
+// and the same with a device map, which the pairers of the threads share.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "sources/kvm_device_map.h"
 #include "sources/kvm_pairing.h"
 #include "sources/tracecmd_dat.h"
 #include "support/testdata.h"
@@ -156,12 +158,13 @@ struct ReadResult {
   KvmPairingStats stats;
 };
 
-void ReadWith(const std::string& path, int threads, uint64_t segment_chunks, ReadResult* out) {
+void ReadWith(const std::string& path, int threads, uint64_t segment_chunks, ReadResult* out,
+              const KvmDeviceResolver* devices = nullptr) {
   auto dat = TraceCmdDat::Open(path);
   ASSERT_TRUE(dat.has_value());
   (*dat)->set_read_threads(threads);
   (*dat)->set_segment_chunks(segment_chunks);
-  KvmPairer pairer({}, &out->exits);
+  KvmPairer pairer({.devices = devices}, &out->exits);
   const Status s = (*dat)->ReadAll(&pairer);
   out->ok = s.has_value();
   if (!s) out->error = s.error().message;
@@ -173,6 +176,20 @@ void ReadWith(const std::string& path, int threads, uint64_t segment_chunks, Rea
     out->counts.push_back(fmt::format("{}:{} {}", c.system, c.name, c.count));
   }
   out->stats = pairer.stats();
+}
+
+// The same exits field for field in the same order, counts, chunks, pages and error.
+void ExpectSameRead(const ReadResult& got, const ReadResult& one) {
+  EXPECT_EQ(got.ok, one.ok);
+  EXPECT_EQ(got.error, one.error);
+  EXPECT_EQ(got.records, one.records);
+  EXPECT_EQ(got.counts, one.counts);
+  if (one.ok) {
+    EXPECT_EQ(got.chunks, one.chunks);
+    EXPECT_EQ(got.pages, one.pages);
+  }
+  ExpectSameExits(got.exits.list, one.exits.list);
+  ExpectSameStats(got.stats, one.stats);
 }
 
 TEST(SegmentedDatReader, SameAsOneThreadOnEveryCommittedDat) {
@@ -187,21 +204,37 @@ TEST(SegmentedDatReader, SameAsOneThreadOnEveryCommittedDat) {
       SCOPED_TRACE(fmt::format("{} threads, {} chunk(s) a segment", threads, chunks));
       ReadResult got;
       ReadWith(path, threads, chunks, &got);
-      EXPECT_EQ(got.ok, one.ok);
-      EXPECT_EQ(got.error, one.error);
-      EXPECT_EQ(got.records, one.records);
-      EXPECT_EQ(got.counts, one.counts);
-      if (one.ok) {
-        EXPECT_EQ(got.chunks, one.chunks);
-        EXPECT_EQ(got.pages, one.pages);
-      }
-      ExpectSameExits(got.exits.list, one.exits.list);
-      ExpectSameStats(got.stats, one.stats);
+      ExpectSameRead(got, one);
       if (got.segments > 1) ++segmented;
     }
   }
   // The real v7 zstd capture is read in segments (the uncompressed ones never are).
   EXPECT_GE(segmented, 4);
+}
+
+// The same with a device map, which the pairers of the threads share: one device over each
+// whole space, so that every port and MMIO exit asks it, from every thread at once.
+TEST(SegmentedDatReader, SameAsOneThreadWithADeviceMap) {
+  auto map = KvmDeviceMap::Parse(
+      "ports pio-all  pio  0x0 0x10000 uart16550\n"
+      "mem   mmio-all mmio 0x0 0x1000000000000 virtio-mmio\n",
+      "all.map");
+  ASSERT_TRUE(map.has_value()) << map.error().message;
+  int segmented = 0;
+  uint64_t named = 0;
+  for (const std::string& path : CommittedDats()) {
+    SCOPED_TRACE(path);
+    if (!TraceCmdDat::Open(path).has_value()) continue;
+    ReadResult one;
+    ReadWith(path, 1, 0, &one, map->get());
+    for (const ExitEvent& e : one.exits.list) named += e.device.empty() ? 0 : 1;
+    ReadResult got;
+    ReadWith(path, 3, 1, &got, map->get());
+    ExpectSameRead(got, one);
+    if (got.segments > 1) ++segmented;
+  }
+  EXPECT_GE(segmented, 1);
+  EXPECT_GT(named, 1000u);
 }
 
 }  // namespace

@@ -39,6 +39,9 @@
 //                    segments a thread read and the calling one took), then with one
 //                    decompressing thread per compressed CPU stream instead, forced
 //                    (EXITSCOPE_DAT_SEGMENT_CHUNKS=0)
+//   where it goes    the default read again, with the aggregator alone on the tee (no
+//                    diagnosis), and with no analysis (each exit only counted): what the
+//                    reader and pairer cost, and what each analysis adds to it
 //   kvm report CLI   the exitscope binary, output discarded
 //   trace-cmd report, perf script (when they can run)
 // The floor, one-thread and default rows add the page faults of their last round (MinorFaults).
@@ -138,8 +141,13 @@ std::string LargestCommittedDat() {
 // overrides.
 std::string LastSegments;  // of the last in-process report read in time segments
 
+// What the tee feeds: both analyses (the report), the aggregator alone, or neither (a sink
+// that only counts the exits).
+enum class Analysis { kReport, kAggregateOnly, kNone };
+
 double Report(const std::string& dat, int threads, bool fast, uint64_t* records, int* used,
-              uint64_t* faults = nullptr, bool segments = true) {
+              uint64_t* faults = nullptr, bool segments = true,
+              Analysis analysis = Analysis::kReport) {
   ::setenv("EXITSCOPE_DAT_THREADS", std::to_string(threads).c_str(), 1);
   if (!segments) ::setenv("EXITSCOPE_DAT_SEGMENT_CHUNKS", "0", 1);
   ::setenv("EXITSCOPE_DAT_FAST", fast ? "1" : "0", 1);
@@ -149,14 +157,24 @@ double Report(const std::string& dat, int threads, bool fast, uint64_t* records,
   const auto t0 = Clock::now();
   exitscope::analysis::KvmAggregator agg({});
   exitscope::analysis::DiagnosisBuilder diag(exitscope::analysis::KvmDiagnosisOptions(agg));
-  exitscope::TeeSink tee({&agg, &diag});
+  struct Counter final : exitscope::EventSink {
+    uint64_t exits = 0;
+    void OnExit(const exitscope::ExitEvent&) override { ++exits; }
+  } counter;
+  exitscope::TeeSink both({&agg, &diag}), agg_only({&agg}), none({&counter});
+  exitscope::TeeSink& tee = analysis == Analysis::kReport          ? both
+                            : analysis == Analysis::kAggregateOnly ? agg_only
+                                                                   : none;
   exitscope::sources::KvmPairer pairer({.clock = (*in)->scale()}, &tee);
   if (auto s = (*in)->ReadAll(&pairer); !s) Die(s.error().message);  // ends with Finish()
   agg.Finish();
   const exitscope::analysis::Diagnosis diagnosis = diag.Finish();
   const double t = Seconds(t0, Clock::now());
   if (faults != nullptr) *faults = MinorFaults() - f0;
-  if (diagnosis.exits == 0) Die("the report counted no exits");
+  const uint64_t exits = analysis == Analysis::kReport          ? diagnosis.exits
+                         : analysis == Analysis::kAggregateOnly ? agg.analysis().exits_seen
+                                                                : counter.exits;
+  if (exits == 0) Die("the report counted no exits");
   *records = (*in)->records_read();
   *used = (*in)->read_threads();
   if ((*in)->segments() > 0) {
@@ -467,7 +485,7 @@ int main(int argc, char** argv) {
   int used = 0, forced_used = 0;
   uint64_t f_floor = 0, f_one = 0, f_auto = 0, f_forced = 0;  // page faults, last round
   double t_open = 1e300, t_floor = 1e300, t_one = 1e300, t_checked = 1e300, t_auto = 1e300,
-         t_forced = 1e300;
+         t_forced = 1e300, t_agg = 1e300, t_pair = 1e300;
   for (int round = 0; round < runs; ++round) {
     auto t0 = Clock::now();
     auto d = exitscope::sources::KvmInput::Open(capture, {});
@@ -484,6 +502,10 @@ int main(int argc, char** argv) {
     t_auto = std::min(t_auto, Report(capture, 0, true, &records, &used, &f_auto));
     t_forced =
         std::min(t_forced, Report(capture, 2, true, &records, &forced_used, &f_forced, false));
+    t_agg = std::min(
+        t_agg, Report(capture, 0, true, &records, &used, nullptr, true, Analysis::kAggregateOnly));
+    t_pair =
+        std::min(t_pair, Report(capture, 0, true, &records, &used, nullptr, true, Analysis::kNone));
   }
   const auto row = [&](const char* what, double t, const std::string& note) {
     std::printf("%-34s %9.4f s %12.0f events/s %6.2fx floor  %s\n", what, t,
@@ -504,6 +526,8 @@ int main(int argc, char** argv) {
       fmt::format("{} reading thread(s): one per compressed CPU stream, no segments; {} page "
                   "faults",
                   forced_used, f_forced));
+  row("  default, aggregator only", t_agg, "the same read, no diagnosis on the tee");
+  row("  default, no analysis", t_pair, "read, decode, pair; each exit only counted");
 
   // The two whole processes in rounds too (see above).
   const bool have_cli = fs::exists(cli), have_tc = Have("trace-cmd");
@@ -545,6 +569,10 @@ int main(int argc, char** argv) {
       "ratio report/floor (in process, after open): %.2f with 1 thread, %.2f default, %.2f "
       "with decompressing threads\n",
       t_one / t_floor, t_auto / t_floor, t_forced / t_floor);
+  std::printf(
+      "where the default's time goes (x floor): reading and pairing %.2f, the aggregator "
+      "%+.2f, the diagnosis %+.2f\n",
+      t_pair / t_floor, (t_agg - t_pair) / t_floor, (t_auto - t_agg) / t_floor);
   std::printf("ratio fast path/checked path, 1 thread: %.2fx faster\n", t_checked / t_one);
   if (t_tc > 0 && t_cli > 0) {
     std::printf("ratio trace-cmd report/exitscope kvm report (whole processes): %.1fx\n",

@@ -543,8 +543,8 @@ Status ReadInSegments(const std::vector<std::unique_ptr<StreamCursor>>& streams,
   std::vector<std::vector<uint64_t>> offsets;
   for (const auto& s : streams) offsets.push_back(s->ChunkOffsets());
   ChunkTimes times(ctx, offsets);
-  BatchPool pool(
-      options.largest);  // before the segments and runs, which give their batches back to it
+  // Before the segments and runs, which give their batches back to it.
+  BatchPool pool(options.largest);
   Plan plan{streams, offsets, L, type, times, pool};
   for (size_t i = 0; i < streams.size(); ++i) {
     if (offsets[i].size() > offsets[plan.big].size()) plan.big = i;

@@ -213,23 +213,28 @@ TEST(SegmentedDatReader, SameAsOneThreadOnEveryCommittedDat) {
 }
 
 // The same with a device map, which the pairers of the threads share: one device over each
-// whole space, so that every port and MMIO exit asks it, from every thread at once.
+// whole space, so that every port and MMIO exit asks it, from every thread at once. The
+// threads' map is a map of its own, new for each capture: their lookups fill its cache
+// concurrently (the one-thread read would otherwise have filled it first).
 TEST(SegmentedDatReader, SameAsOneThreadWithADeviceMap) {
-  auto map = KvmDeviceMap::Parse(
-      "ports pio-all  pio  0x0 0x10000 uart16550\n"
-      "mem   mmio-all mmio 0x0 0x1000000000000 virtio-mmio\n",
-      "all.map");
-  ASSERT_TRUE(map.has_value()) << map.error().message;
+  const auto parse = [] {
+    return KvmDeviceMap::Parse(
+        "ports pio-all  pio  0x0 0x10000 uart16550\n"
+        "mem   mmio-all mmio 0x0 0x1000000000000 virtio-mmio\n",
+        "all.map");
+  };
   int segmented = 0;
   uint64_t named = 0;
   for (const std::string& path : CommittedDats()) {
     SCOPED_TRACE(path);
     if (!TraceCmdDat::Open(path).has_value()) continue;
+    auto one_map = parse(), shared_map = parse();
+    ASSERT_TRUE(one_map.has_value() && shared_map.has_value());
     ReadResult one;
-    ReadWith(path, 1, 0, &one, map->get());
+    ReadWith(path, 1, 0, &one, one_map->get());
     for (const ExitEvent& e : one.exits.list) named += e.device.empty() ? 0 : 1;
     ReadResult got;
-    ReadWith(path, 3, 1, &got, map->get());
+    ReadWith(path, 3, 1, &got, shared_map->get());
     ExpectSameRead(got, one);
     if (got.segments > 1) ++segmented;
   }
